@@ -1,0 +1,241 @@
+"""The TFF execution context this project owns, and the lifecycle of its worker processes.
+
+Why not `tff.backends.native.set_sync_local_cpp_execution_context()`: in TFF 0.87 that context
+starts `worker_binary` with the parent's stdout/stderr and stops it only from a `__del__`, which
+does not reliably run at interpreter exit. The child then outlives Python (parent PID 1) and holds
+the parent's stdout, so `python prog.py | tail` never returns (REFERENCE-NOTES §8). Here we start
+the worker ourselves:
+- its output goes to a log file, never to our stdout;
+- it is asked to die with its parent (Linux `PR_SET_PDEATHSIG`), so even `kill -9` of the Python
+  process cannot orphan it;
+- it is stopped at interpreter exit (`atexit`) and on SIGTERM/SIGINT/SIGHUP.
+The same machinery connects to remote workers (`workers=['host:port', ...]`), which is how
+simulations are spread over several machines with TFF's own runtime.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Optional, Sequence
+
+from absl import logging
+import grpc
+import portpicker
+import tensorflow_federated as tff
+
+_GRPC_MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
+_GRPC_OPTIONS = [
+    ('grpc.max_message_length', _GRPC_MAX_MESSAGE_BYTES),
+    ('grpc.max_receive_message_length', _GRPC_MAX_MESSAGE_BYTES),
+    ('grpc.max_send_message_length', _GRPC_MAX_MESSAGE_BYTES),
+]
+_PR_SET_PDEATHSIG = 1
+
+_lock = threading.Lock()
+_processes: list['WorkerProcess'] = []
+_handlers_installed = False
+
+
+def worker_binary_path() -> str:
+  """Path of the C++ executor service shipped in the TFF wheel (`data/worker_binary`)."""
+  path = os.path.join(os.path.dirname(tff.__file__), 'data', 'worker_binary')
+  if not os.path.isfile(path):
+    raise RuntimeError(
+        f'TFF worker binary not found at {path}; reinstall the pinned environment (make setup).')
+  return path
+
+
+def _die_with_parent() -> None:
+  """Runs in the child between fork and exec: deliver SIGKILL when the parent dies."""
+  libc = ctypes.CDLL('libc.so.6', use_errno=True)
+  libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+  os.setsid()  # Own process group: a Ctrl-C in the terminal is handled by us, not by the worker.
+
+
+class WorkerProcess:
+  """One `worker_binary` serving TFF's executor service on a local port."""
+
+  def __init__(self, port: Optional[int] = None, max_concurrent_computation_calls: int = -1,
+               log_path: Optional[str] = None):
+    self.port = port or portpicker.pick_unused_port()
+    if log_path is None:
+      fd, log_path = tempfile.mkstemp(prefix='tff_worker_', suffix='.log')
+      os.close(fd)
+    self.log_path = log_path
+    self._log = open(log_path, 'ab')
+    args = [worker_binary_path(), f'--port={self.port}',
+            f'--max_concurrent_computation_calls={max_concurrent_computation_calls}']
+    self.process = subprocess.Popen(
+        args, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+        preexec_fn=_die_with_parent, close_fds=True)
+    with _lock:
+      _processes.append(self)
+    _install_handlers()
+
+  @property
+  def address(self) -> str:
+    return f'localhost:{self.port}'
+
+  def alive(self) -> bool:
+    return self.process.poll() is None
+
+  def stop(self, timeout: float = 5.0) -> None:
+    if self.process.poll() is None:
+      self.process.send_signal(signal.SIGINT)
+      try:
+        self.process.wait(timeout)
+      except subprocess.TimeoutExpired:
+        self.process.kill()
+        self.process.wait()
+    self._log.close()
+    with _lock:
+      if self in _processes:
+        _processes.remove(self)
+
+
+def worker_pids() -> list[int]:
+  """PIDs of the worker processes this process started and has not stopped."""
+  with _lock:
+    return [p.process.pid for p in _processes if p.alive()]
+
+
+def stop_all() -> None:
+  """Stops every worker this process started. Safe to call more than once."""
+  with _lock:
+    procs = list(_processes)
+  for p in procs:
+    p.stop()
+
+
+def _signal_handler(signum, frame):
+  del frame
+  stop_all()
+  # Re-raise with the default disposition so the exit status says which signal ended us.
+  signal.signal(signum, signal.SIG_DFL)
+  os.kill(os.getpid(), signum)
+
+
+def _install_handlers() -> None:
+  global _handlers_installed
+  if _handlers_installed:
+    return
+  _handlers_installed = True
+  atexit.register(stop_all)
+  if threading.current_thread() is threading.main_thread():
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+      if signal.getsignal(sig) in (signal.SIG_DFL, None):
+        signal.signal(sig, _signal_handler)
+
+
+def _wait_ready(stub: tff.framework.RemoteExecutorGrpcStub, address: str, timeout: float,
+                process: Optional[WorkerProcess] = None) -> None:
+  deadline = time.monotonic() + timeout
+  while not stub.is_ready:
+    if process is not None and not process.alive():
+      raise RuntimeError(f'TFF worker at {address} exited during start-up; see {process.log_path}')
+    if time.monotonic() > deadline:
+      raise RuntimeError(
+          f'TFF worker at {address} did not become ready within {timeout:.0f}s. Check that it is '
+          'running (bin/worker) and reachable, or fix --workers.')
+    time.sleep(0.1)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+  host, sep, port = address.rpartition(':')
+  if not sep or not host or not port.isdigit():
+    raise ValueError(f'--workers: {address!r} is not host:port (e.g. 10.0.0.2:8000).')
+  return host, int(port)
+
+
+def _executor_factory(stub_fn) -> tff.framework.ExecutorFactory:
+  def stack_fn(cardinalities):
+    if cardinalities.get(tff.CLIENTS) is None:
+      cardinalities[tff.CLIENTS] = 0
+    executor = tff.framework.RemoteExecutor(stub_fn())
+    executor.set_cardinalities(cardinalities)
+    return executor
+  return tff.framework.ResourceManagingExecutorFactory(executor_stack_fn=stack_fn)
+
+
+def _remote_stub(address: str, process: Optional[WorkerProcess], timeout: float):
+  channel = grpc.insecure_channel(address, _GRPC_OPTIONS)
+  stub = tff.framework.RemoteExecutorGrpcStub(channel)
+  _wait_ready(stub, address, timeout, process)
+  return stub
+
+
+def _make_context(stub_fn, asynchronous: bool = False):
+  cls = tff.framework.AsyncExecutionContext if asynchronous else tff.framework.SyncExecutionContext
+  return cls(
+      executor_fn=_executor_factory(stub_fn),
+      compiler_fn=tff.backends.native.desugar_and_transform_to_native,
+      transform_args=tff.tensorflow.transform_args,
+      transform_result=tff.tensorflow.transform_result)
+
+
+class _LocalStub:
+  """Starts the local worker lazily, and again if it died (TFF's own manager does the same)."""
+
+  def __init__(self, max_concurrent_computation_calls: int, log_path: Optional[str],
+               timeout: float):
+    self._args = (max_concurrent_computation_calls, log_path)
+    self._timeout = timeout
+    self._process: Optional[WorkerProcess] = None
+    self._stub = None
+
+  def __call__(self):
+    if self._stub is not None and self._process.alive() and self._stub.is_ready:
+      return self._stub
+    if self._process is not None:
+      self._process.stop()
+    self._process = WorkerProcess(max_concurrent_computation_calls=self._args[0],
+                                  log_path=self._args[1])
+    self._stub = _remote_stub(self._process.address, self._process, self._timeout)
+    return self._stub
+
+
+def install(max_concurrent_computation_calls: int = -1, log_path: Optional[str] = None,
+            workers: Sequence[str] = (), timeout: float = 60.0) -> None:
+  """Sets TFF's default execution context.
+
+  Args:
+    max_concurrent_computation_calls: passed to the local worker (-1: unlimited).
+    log_path: where the local worker's output goes (default: a temporary file).
+    workers: remote `host:port` addresses of running TFF workers (bin/worker). Empty: one local
+      worker process, owned by this process. One address: that worker runs everything. Several:
+      TFF's mergeable-computation context splits the clients of each round across them.
+    timeout: seconds to wait for a worker to answer.
+  """
+  if not workers:
+    context = _make_context(_LocalStub(max_concurrent_computation_calls, log_path, timeout))
+  else:
+    addresses = list(workers)
+    for a in addresses:
+      parse_address(a)
+    if len(addresses) == 1:
+      stub = _remote_stub(addresses[0], None, timeout)
+      context = _make_context(lambda: stub)
+    else:
+      stubs = [_remote_stub(a, None, timeout) for a in addresses]
+      contexts = [_make_context((lambda s=s: s), asynchronous=True) for s in stubs]
+      context = tff.backends.native.create_mergeable_comp_execution_context(contexts)
+  tff.framework.set_default_context(context)
+
+
+def port_is_free(port: int) -> bool:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    return s.connect_ex(('127.0.0.1', port)) != 0
+
+
+if __name__ == '__main__':  # pragma: no cover - manual smoke check
+  install()
+  print(tff.federated_computation(lambda: tff.federated_value(1, tff.SERVER))(), file=sys.stderr)
