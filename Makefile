@@ -1,0 +1,58 @@
+# Two commands do everything on a fresh Debian machine with Python 3.11:
+#   make train   set up, then run the main job (bazel run //bin:train; pass flags with ARGS="...")
+#   make test    set up, then run the whole test suite (bazel test //...)
+# `make setup` alone installs system packages (apt), creates .venv and installs the pinned lock.
+
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+# The interpreter that creates the venv: Python 3.11 is required by TFF 0.87 / TF 2.14.
+PYTHON311 ?= $(shell command -v python3.11 || command -v python3)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+STAMP := $(VENV)/.requirements.sha256
+ARGS ?=
+BAZEL_TEST_ARGS ?=
+
+.PHONY: setup system-packages venv train test clean
+
+setup: system-packages venv
+
+# apt runs only when something is missing, so a second `make` takes seconds.
+system-packages:
+	@missing=""; \
+	command -v bazel >/dev/null || missing="$$missing bazel-bootstrap"; \
+	command -v $(firstword $(PYTHON311) python3) >/dev/null || missing="$$missing python3 python3-venv"; \
+	[ -x "$(PY)" ] || $(PYTHON311) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
+	if [ -n "$$missing" ]; then \
+	  echo "setup: installing system packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	@$(PYTHON311) -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null || \
+	  { echo "setup: Python 3.11 is required (TFF 0.87 supports < 3.12); set PYTHON311=/path/to/python3.11" >&2; exit 1; }
+
+# The lock is installed with --no-deps: pip's resolver cannot satisfy TFF 0.87's own pins
+# (jaxlib 0.4.14 is gone from the index; protobuf constraints conflict), see requirements.txt.
+venv:
+	@[ -x "$(PY)" ] || { echo "setup: creating $(VENV)"; $(PYTHON311) -m venv $(VENV); }
+	@want=$$(sha256sum requirements.txt | cut -d' ' -f1); \
+	if [ "$$(cat $(STAMP) 2>/dev/null)" != "$$want" ]; then \
+	  echo "setup: installing pinned packages (about 1-2 minutes)"; \
+	  $(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements.txt && \
+	  $(PY) -c 'import importlib.util as u, tensorflow, tensorflow_datasets, matplotlib; assert u.find_spec("tensorflow_federated")' && \
+	  echo "$$want" > $(STAMP); \
+	else echo "setup: $(VENV) is up to date"; fi
+
+train: setup
+	bazel run //bin:train -- $(ARGS)
+
+# Bazel's own summary is not a line CI tools read, so the last line restates it as
+# "N passed, N failed" (counted from Bazel's per-target result lines).
+test: setup
+	@set -o pipefail; bazel test //... $(BAZEL_TEST_ARGS) 2>&1 | tee .bazel-test.log; rc=$$?; \
+	passed=$$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' .bazel-test.log); \
+	failed=$$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE)' .bazel-test.log); \
+	echo "bazel test: $$passed passed, $$failed failed"; exit $$rc
+
+clean:
+	bazel clean
+	rm -rf $(VENV) .bazel-test.log
