@@ -1,0 +1,1 @@
+"""Federated algorithms written once as TF functions (see docs/algorithms.md)."""

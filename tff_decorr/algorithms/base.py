@@ -1,0 +1,117 @@
+"""The algorithm seam: what every federated algorithm provides to the runtimes.
+
+An algorithm is written once, as TensorFlow code over explicit nested structures of tensors:
+- `initial_server_state(weights)`, `initial_client_state(weights)`: NumPy structures. Stateless
+  algorithms use `NO_CLIENT_STATE`, a scalar int32 zero (a TFF value needs a type; an empty struct is
+  awkward to place at CLIENTS), passed through unchanged;
+- `broadcast(server_state)`: what each sampled client receives (TF ops);
+- `make_client_step(workspace)` -> tf.function (broadcast, dataset, client_state) -> ClientOutput;
+- `server_step(server_state, summed_contribution, summed_weight)` -> new server state (TF ops).
+The runtimes aggregate by a plain SUM of contributions and of weights (`tff.federated_sum` in TFF,
+`tf.add_n` in-process); each client multiplies its contribution by its own aggregation weight, so the
+weighting of every algorithm is visible in its own code.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tff_decorr.algorithms import client_update
+from tff_decorr.algorithms.client_update import ClientConfig, ModelSpec, Workspace
+
+NO_CLIENT_STATE = np.int32(0)
+
+
+class ClientOutput(NamedTuple):
+  contribution: Any  # structure already multiplied by the client's aggregation weight
+  weight: tf.Tensor  # float32 scalar aggregation weight
+  client_state: Any  # new state of this client (same structure as its input)
+  metrics: dict  # sums; aggregated by summing
+
+
+def num_elements(structure) -> int:
+  return int(sum(int(np.prod(t.shape)) for t in tf.nest.flatten(structure)))
+
+
+class Algorithm:
+  """Base class. Subclasses implement `_client_step` and `server_step` (+ state builders)."""
+
+  name = 'base'
+  num_models = 1  # Keras models in the client workspace (MOON needs 3).
+
+  def __init__(self, model_fn: Callable[[], tf.keras.Model], config: ClientConfig = ClientConfig(),
+               regularizer: Optional[client_update.Regularizer] = None):
+    if not callable(model_fn):
+      raise ValueError('model_fn must be a callable returning a Keras model with dict outputs.')
+    if not isinstance(config, ClientConfig):
+      raise ValueError(f'config must be a ClientConfig, got {type(config).__name__}.')
+    if regularizer is not None and not callable(regularizer):
+      raise ValueError('regularizer must be None or a callable (representation, logits) -> scalar.')
+    self.model_fn = model_fn
+    self.config = config
+    self.regularizer = regularizer
+    model = model_fn()
+    self.spec: ModelSpec = client_update.model_spec(model)
+    self._initial_weights = [v.numpy() for v in model.weights]
+
+  # ---- state ----
+  def initial_weights(self) -> list:
+    """Weights of the model built by model_fn() at construction (seed Keras first to fix them)."""
+    return [np.array(w) for w in self._initial_weights]
+
+  def initial_server_state(self, weights: Sequence) -> dict:
+    return {'weights': [np.asarray(w) for w in weights]}
+
+  def initial_client_state(self, weights: Sequence) -> Any:
+    del weights
+    return NO_CLIENT_STATE
+
+  def global_weights(self, server_state) -> list:
+    """The global model's flat weights (for evaluation / export)."""
+    return list(server_state['weights'])
+
+  # ---- TF pieces ----
+  def broadcast(self, server_state):
+    return {'weights': list(server_state['weights'])}
+
+  def make_client_step(self, ws: Workspace):
+    """Returns the client step as a tf.function bound to workspace `ws`."""
+    @tf.function
+    def client_step(broadcast, dataset, client_state):
+      out = self._client_step(ws, broadcast, dataset, client_state)
+      metrics = dict(out.metrics)
+      metrics['bytes_up'] = tf.constant(4.0 * self.upload_elements(out.contribution), tf.float32)
+      metrics['bytes_down'] = tf.constant(4.0 * num_elements(broadcast), tf.float32)
+      metrics['clients'] = tf.constant(1.0, tf.float32)
+      return ClientOutput(out.contribution, tf.cast(out.weight, tf.float32), out.client_state,
+                          metrics)
+
+    return client_step
+
+  def upload_elements(self, contribution) -> int:
+    """Number of values a client uploads (float32 each). Overridden when part is not sent."""
+    return num_elements(contribution)
+
+  def _client_step(self, ws: Workspace, broadcast, dataset, client_state) -> ClientOutput:
+    raise NotImplementedError
+
+  def server_step(self, server_state, contribution, weight):
+    raise NotImplementedError
+
+  # ---- helpers ----
+  def _train(self, ws, start_weights, dataset, extra_loss=None, grad_correction=None):
+    return client_update.local_train(ws, start_weights, dataset, self.config, self.regularizer,
+                                     extra_loss=extra_loss, grad_correction=grad_correction)
+
+
+def weighted(values, weight):
+  return [weight * tf.convert_to_tensor(v) for v in values]
+
+
+def safe_average(summed, weight, fallback):
+  """summed / weight, or `fallback` when no client contributed (weight == 0)."""
+  return [tf.where(weight > 0, s / tf.maximum(weight, 1e-30), tf.convert_to_tensor(f))
+          for s, f in zip(summed, fallback)]

@@ -1,0 +1,184 @@
+"""The one local-training loop shared by every algorithm.
+
+Every federated algorithm in this package trains a client the same way: start from weights given by
+the algorithm, run `local_epochs` passes of SGD over the client's dataset, return the new weights.
+The algorithms differ only through two hooks (an extra loss term and a gradient correction), so the
+optimiser, the loss and the metrics exist once.
+
+Model state is an explicit flat list of tensors in `model.weights` order. It holds trainable
+variables AND non-trainable ones (BatchNorm moving mean/variance): the reference averages the whole
+`state_dict`, BN statistics included, and a global model whose statistics stay at their initial
+values evaluates badly (REFERENCE-NOTES §5, §8).
+
+SGD is written by hand because it must equal PyTorch's `SGD(lr, momentum, weight_decay)` that the
+reference uses: coupled L2 (`g += wd * w`, on every trainable variable, BN gamma/beta included),
+`buf = momentum * buf + g`, `w -= lr * buf`. TFF's `sgdm` has no weight decay, and Keras' weight
+decay is decoupled (applied to the weights, not folded into the momentum buffer), so neither matches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, List, NamedTuple, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+# (representation, logits) -> scalar, already multiplied by its coefficient.
+Regularizer = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+# (model outputs dict, images, labels) -> scalar added to the loss inside the gradient tape.
+ExtraLoss = Callable[[dict, tf.Tensor, tf.Tensor], tf.Tensor]
+# list of gradients (one per trainable variable, None allowed) -> corrected list.
+GradCorrection = Callable[[List[Optional[tf.Tensor]]], List[Optional[tf.Tensor]]]
+
+METRIC_NAMES = ('loss_sum', 'ce_sum', 'reg_sum', 'extra_sum', 'correct', 'examples', 'steps')
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientConfig:
+  """Local optimisation hyper-parameters (the reference's per-client SGD)."""
+  local_epochs: int = 1
+  lr: float = 0.01
+  momentum: float = 0.9
+  weight_decay: float = 1e-5
+
+  def __post_init__(self):
+    if not isinstance(self.local_epochs, (int, np.integer)) or self.local_epochs < 1:
+      raise ValueError(f'local_epochs must be an integer >= 1, got {self.local_epochs!r}.')
+    if not self.lr > 0:
+      raise ValueError(f'lr must be > 0, got {self.lr!r}.')
+    if not 0 <= self.momentum < 1:
+      raise ValueError(f'momentum must be in [0, 1), got {self.momentum!r}.')
+    if self.weight_decay < 0:
+      raise ValueError(f'weight_decay must be >= 0, got {self.weight_decay!r}.')
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """Static description of the flat weight list of a model: what every algorithm needs to know."""
+  names: tuple
+  shapes: tuple
+  dtypes: tuple
+  trainable: tuple  # bool per weight
+  batchnorm: tuple  # bool per weight: variable of a BatchNormalization layer (gamma, beta, stats)
+
+  @property
+  def num_weights(self) -> int:
+    return len(self.names)
+
+  def select(self, values: Sequence, mask: Sequence[bool]) -> list:
+    return [v for v, m in zip(values, mask) if m]
+
+  def trainable_indices(self) -> list:
+    return [i for i, t in enumerate(self.trainable) if t]
+
+  def num_params(self, mask: Optional[Sequence[bool]] = None) -> int:
+    mask = mask or [True] * self.num_weights
+    return int(sum(int(np.prod(s)) for s, m in zip(self.shapes, mask) if m))
+
+
+def _masks(model: tf.keras.Model):
+  weights = list(model.weights)
+  trainable_refs = {v.ref() for v in model.trainable_weights}
+  bn_refs = set()
+  for layer in model.submodules:
+    if isinstance(layer, tf.keras.layers.BatchNormalization):
+      bn_refs |= {v.ref() for v in layer.weights}
+  return (weights, tuple(v.ref() in trainable_refs for v in weights),
+          tuple(v.ref() in bn_refs for v in weights))
+
+
+def model_spec(model: tf.keras.Model) -> ModelSpec:
+  weights, trainable, bn = _masks(model)
+  return ModelSpec(names=tuple(v.name for v in weights),
+                   shapes=tuple(tuple(v.shape.as_list()) for v in weights),
+                   dtypes=tuple(v.dtype.base_dtype for v in weights),
+                   trainable=trainable, batchnorm=bn)
+
+
+class Workspace:
+  """What a client step runs on: Keras model(s) and SGD momentum buffers (one per trainable weight).
+
+  Built once per TF runtime (reused by every client, variables overwritten at the start of each
+  client update) and once inside the TFF `tff.tensorflow.computation` body.
+  `num_models > 1` builds auxiliary copies of the model (MOON: global and previous-local models).
+  """
+
+  def __init__(self, model_fn: Callable[[], tf.keras.Model], num_models: int = 1):
+    self.model = model_fn()
+    self.aux_models = [model_fn() for _ in range(num_models - 1)]
+    self.weights, trainable, bn = _masks(self.model)
+    self.trainable_mask = trainable
+    self.batchnorm_mask = bn
+    self.trainable = [v for v, t in zip(self.weights, trainable) if t]
+    self.momentum = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name='sgd_momentum')
+                     for v in self.trainable]
+
+  @staticmethod
+  def assign(variables, values) -> None:
+    for v, x in zip(variables, values):
+      v.assign(x)
+
+
+class LocalResult(NamedTuple):
+  weights: list  # new flat weights, model.weights order
+  num_examples: tf.Tensor  # float32: examples in ONE epoch (the client's dataset size)
+  num_steps: tf.Tensor  # int32: local SGD steps over all epochs
+  metrics: dict  # sums over all local steps, see METRIC_NAMES
+
+
+def local_train(ws: Workspace, start_weights: Sequence[tf.Tensor], dataset: tf.data.Dataset,
+                config: ClientConfig, regularizer: Optional[Regularizer] = None,
+                extra_loss: Optional[ExtraLoss] = None,
+                grad_correction: Optional[GradCorrection] = None) -> LocalResult:
+  """Local SGD exactly as the reference's client (call inside a tf.function).
+
+  Loss per batch = mean cross-entropy + regularizer(representation, logits) + extra_loss.
+  The model runs with training=True, so BN moving statistics update as in PyTorch's train mode.
+  Momentum buffers are zeroed first: the reference builds a fresh optimizer every round.
+  """
+  Workspace.assign(ws.weights, start_weights)
+  for b in ws.momentum:
+    b.assign(tf.zeros_like(b))
+  lr = tf.constant(config.lr, tf.float32)
+  mom = tf.constant(config.momentum, tf.float32)
+  wd = tf.constant(config.weight_decay, tf.float32)
+
+  zero = tf.constant(0.0, tf.float32)
+  loss_sum, ce_sum, reg_sum, extra_sum, correct, examples = zero, zero, zero, zero, zero, zero
+  steps = tf.constant(0, tf.int32)
+  for _ in tf.range(config.local_epochs):
+    for images, labels in dataset:
+      labels = tf.cast(tf.reshape(labels, [-1]), tf.int32)
+      bs = tf.cast(tf.shape(labels)[0], tf.float32)
+      with tf.GradientTape() as tape:
+        outputs = ws.model(images, training=True)
+        logits = outputs['logits']
+        ce = tf.reduce_mean(
+            tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+        reg = (tf.cast(regularizer(outputs['representation'], logits), tf.float32)
+               if regularizer is not None else zero)
+        extra = (tf.cast(extra_loss(outputs, images, labels), tf.float32)
+                 if extra_loss is not None else zero)
+        loss = ce + reg + extra
+      grads = tape.gradient(loss, ws.trainable)
+      if grad_correction is not None:
+        grads = grad_correction(grads)
+      for v, g, buf in zip(ws.trainable, grads, ws.momentum):
+        if g is None:  # Unused variable: PyTorch skips parameters whose .grad is None.
+          continue
+        g = tf.convert_to_tensor(g) + wd * v
+        buf.assign(mom * buf + g)
+        v.assign_sub(lr * buf)
+      preds = tf.cast(tf.argmax(logits, axis=-1), tf.int32)
+      loss_sum += loss * bs
+      ce_sum += ce * bs
+      reg_sum += reg * bs
+      extra_sum += extra * bs
+      correct += tf.reduce_sum(tf.cast(tf.equal(preds, labels), tf.float32))
+      examples += bs
+      steps += 1
+  num_examples = examples / tf.cast(config.local_epochs, tf.float32)
+  metrics = dict(loss_sum=loss_sum, ce_sum=ce_sum, reg_sum=reg_sum, extra_sum=extra_sum,
+                 correct=correct, examples=examples, steps=tf.cast(steps, tf.float32))
+  return LocalResult([tf.identity(v) for v in ws.weights], num_examples, steps, metrics)

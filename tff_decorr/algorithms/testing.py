@@ -1,0 +1,65 @@
+"""Tiny fixtures for tests of algorithms and runtimes: a BN model with dict outputs, synthetic data.
+
+Kept in the library (not in a test file) so algorithms_test and runtimes_test share them.
+`client_dataset_fn(client_id, seed)` is built from TF ops only, as the task contract requires, so
+the TFF runtime can build the datasets inside its computation.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+INPUT_SHAPE = (5, 5, 2)
+NUM_CLASSES = 3
+
+
+def tiny_model(representation_dim: int = 4, projection_dim: Optional[int] = None,
+               seed: int = 0) -> tf.keras.Model:
+  """Conv -> BN -> ReLU -> global pool (representation) -> Dense (logits); dict outputs."""
+  init = lambda i: tf.keras.initializers.GlorotUniform(seed=seed + i)
+  inputs = tf.keras.Input(INPUT_SHAPE)
+  x = tf.keras.layers.Conv2D(representation_dim, 3, padding='same', kernel_initializer=init(1),
+                             name='conv')(inputs)
+  x = tf.keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5, name='bn')(x)
+  x = tf.keras.layers.ReLU()(x)
+  rep = tf.keras.layers.GlobalAveragePooling2D()(x)
+  if projection_dim:
+    rep = tf.keras.layers.Dense(projection_dim, kernel_initializer=init(3), name='proj')(rep)
+  logits = tf.keras.layers.Dense(NUM_CLASSES, kernel_initializer=init(2), name='head')(rep)
+  return tf.keras.Model(inputs, {'representation': rep, 'logits': logits})
+
+
+def synthetic_clients(sizes: Sequence[int] = (10, 6, 14, 8), seed: int = 0):
+  """Per-client (images, labels) NumPy arrays with client-specific feature shifts."""
+  rng = np.random.RandomState(seed)
+  data = []
+  for i, n in enumerate(sizes):
+    x = rng.normal(loc=0.5 * i, scale=1.0 + 0.3 * i, size=(n,) + INPUT_SHAPE).astype(np.float32)
+    y = rng.randint(0, NUM_CLASSES, size=n).astype(np.int32)
+    data.append((x, y))
+  return data
+
+
+def make_client_dataset_fn(data, batch_size: int = 4, shuffle: bool = False):
+  """(client_id: tf.string holding an integer index, seed: tf.int64) -> batched dataset."""
+  # NumPy here, tensors inside fn: fn may run in a graph (TFF) or eagerly (TF runtime).
+  all_images = np.concatenate([d[0] for d in data])
+  all_labels = np.concatenate([d[1] for d in data])
+  all_sizes = np.array([len(d[1]) for d in data], np.int64)
+  all_starts = np.concatenate([[0], np.cumsum(all_sizes)[:-1]]).astype(np.int64)
+
+  def fn(client_id, seed):
+    images, labels = tf.constant(all_images), tf.constant(all_labels)
+    starts, sizes = tf.constant(all_starts), tf.constant(all_sizes)
+    i = tf.strings.to_number(client_id, tf.int64)
+    start, size = starts[i], sizes[i]
+    ds = tf.data.Dataset.from_tensor_slices(
+        (images[start:start + size], labels[start:start + size]))
+    if shuffle:
+      ds = ds.shuffle(64, seed=seed, reshuffle_each_iteration=True)
+    return ds.batch(batch_size)
+
+  return fn

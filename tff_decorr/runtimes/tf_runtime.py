@@ -1,0 +1,80 @@
+"""In-process runtime: the algorithm's own client and server steps, called client after client.
+
+No algorithm math lives here: this module builds one client workspace, calls the algorithm's
+client-step tf.function for each sampled client, sums contributions with TF ops, and calls the
+algorithm's server step. It uses a GPU when TensorFlow sees one (TFF 0.87's worker is CPU-only).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from tff_decorr.algorithms import base
+from tff_decorr.algorithms.client_update import Workspace
+
+ClientDatasetFn = Callable[[tf.Tensor, tf.Tensor], tf.data.Dataset]
+
+
+def _to_numpy(structure):
+  return tf.nest.map_structure(lambda t: np.asarray(t), structure)
+
+
+def _to_tensors(structure):
+  return tf.nest.map_structure(tf.convert_to_tensor, structure)
+
+
+def sum_structures(structures: Sequence[Any]):
+  """Element-wise sum of identical structures (the runtime's aggregation: a plain SUM)."""
+  return tf.nest.map_structure(lambda *xs: tf.add_n(list(xs)), *structures)
+
+
+class TfRuntime:
+  """Runs rounds of `algorithm` in this Python process."""
+
+  def __init__(self, algorithm: base.Algorithm, client_dataset_fn: ClientDatasetFn):
+    if not isinstance(algorithm, base.Algorithm):
+      raise ValueError(f'algorithm must be a tff_decorr Algorithm, got {type(algorithm).__name__}.')
+    if not callable(client_dataset_fn):
+      raise ValueError('client_dataset_fn must be a callable (client_id, seed) -> tf.data.Dataset.')
+    self.algorithm = algorithm
+    self.client_dataset_fn = client_dataset_fn
+    self.workspace = Workspace(algorithm.model_fn, algorithm.num_models)
+    self._client_step = algorithm.make_client_step(self.workspace)
+    self._server_step = tf.function(algorithm.server_step)
+    self._broadcast = tf.function(algorithm.broadcast)
+
+  def initialize(self, initial_weights=None):
+    weights = self.algorithm.initial_weights() if initial_weights is None else initial_weights
+    return self.algorithm.initial_server_state(weights)
+
+  def run_round(self, server_state, client_inputs: Sequence[Tuple[str, int]],
+                client_states: Sequence[Any]):
+    """One round. Returns (new server state, new client states (list), summed metrics), NumPy."""
+    if len(client_inputs) != len(client_states):
+      raise ValueError(f'client_states has {len(client_states)} entries but client_inputs has '
+                       f'{len(client_inputs)}; pass one state per sampled client.')
+    if not client_inputs:
+      raise ValueError('client_inputs is empty: sample at least one client per round.')
+    broadcast = self._broadcast(_to_tensors(server_state))
+    contributions, weights, new_states, metrics = [], [], [], []
+    for (client_id, seed), state in zip(client_inputs, client_states):
+      dataset = self.client_dataset_fn(tf.constant(client_id, tf.string),
+                                       tf.constant(seed, tf.int64))
+      out = self._client_step(broadcast, dataset, _to_tensors(state))
+      contributions.append(out.contribution)
+      weights.append(out.weight)
+      new_states.append(_to_numpy(out.client_state))
+      metrics.append(out.metrics)
+    new_server_state = self._server_step(_to_tensors(server_state), sum_structures(contributions),
+                                         tf.add_n(weights))
+    return _to_numpy(new_server_state), new_states, _to_numpy(sum_structures(metrics))
+
+
+def run_round(algorithm: base.Algorithm, client_dataset_fn: ClientDatasetFn, server_state,
+              client_inputs, client_states):
+  """One-shot convenience (builds a workspace each call; use TfRuntime for many rounds)."""
+  return TfRuntime(algorithm, client_dataset_fn).run_round(server_state, client_inputs,
+                                                           client_states)

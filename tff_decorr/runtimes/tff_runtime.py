@@ -1,0 +1,98 @@
+"""TFF runtime: the algorithm's TF functions wrapped as a `tff.templates.IterativeProcess`.
+
+`next(server_state, client_inputs, client_states)` is a `tff.federated_computation`:
+  server_state  @SERVER   algorithm.initial_server_state structure
+  client_inputs {<client_id=string, seed=int64>}@CLIENTS
+  client_states {algorithm client state}@CLIENTS
+returns <new server_state@SERVER, new client_states@CLIENTS, summed metrics@SERVER>.
+
+Each client's dataset is built INSIDE the client computation from (client_id, seed) by
+`client_dataset_fn`, so datasets never cross into the runtime as serialized arrays (REFERENCE-NOTES
+§8: 100 MB cap, re-serialised every round). The client workspace (Keras model(s) + momentum
+variables) is constructed inside the `tff.tensorflow.computation` body, as TFF's simple_fedavg does.
+Aggregation is `tff.federated_sum` of contributions and of weights; the server step is the
+algorithm's own function. No algorithm math lives here.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_decorr.algorithms import base
+from tff_decorr.algorithms.client_update import Workspace
+
+CLIENT_INPUT_TYPE = tff.StructType([('client_id', np.str_), ('seed', np.int64)])
+
+
+def _constant_structure(structure):
+  return tf.nest.map_structure(lambda x: tf.constant(np.asarray(x)), structure)
+
+
+def build_process(algorithm: base.Algorithm,
+                  client_dataset_fn: Callable[[tf.Tensor, tf.Tensor], tf.data.Dataset],
+                  initial_weights: Optional[Sequence[np.ndarray]] = None
+                  ) -> tff.templates.IterativeProcess:
+  """Builds the IterativeProcess. `initial_weights` default: algorithm.initial_weights()."""
+  if not isinstance(algorithm, base.Algorithm):
+    raise ValueError(f'algorithm must be a tff_decorr Algorithm, got {type(algorithm).__name__}.')
+  if not callable(client_dataset_fn):
+    raise ValueError('client_dataset_fn must be a callable (client_id, seed) -> tf.data.Dataset '
+                     'built from TF ops.')
+  weights = algorithm.initial_weights() if initial_weights is None else list(initial_weights)
+  if len(weights) != algorithm.spec.num_weights:
+    raise ValueError(f'initial_weights has {len(weights)} arrays; the model has '
+                     f'{algorithm.spec.num_weights} weights (model.weights order).')
+  init_server = algorithm.initial_server_state(weights)
+  init_client = algorithm.initial_client_state(weights)
+
+  @tff.tensorflow.computation
+  def server_init_tf():
+    return _constant_structure(init_server)
+
+  @tff.tensorflow.computation
+  def client_init_tf():
+    return _constant_structure(init_client)
+
+  server_state_type = server_init_tf.type_signature.result
+  client_state_type = client_init_tf.type_signature.result
+
+  @tff.tensorflow.computation(server_state_type)
+  def broadcast_tf(server_state):
+    return algorithm.broadcast(server_state)
+
+  @tff.tensorflow.computation(broadcast_tf.type_signature.result, CLIENT_INPUT_TYPE,
+                              client_state_type)
+  def client_tf(broadcast, client_input, client_state):
+    ws = Workspace(algorithm.model_fn, algorithm.num_models)
+    client_step = algorithm.make_client_step(ws)
+    dataset = client_dataset_fn(client_input[0], client_input[1])
+    return client_step(broadcast, dataset, client_state)
+
+  out_type = client_tf.type_signature.result
+
+  @tff.tensorflow.computation(server_state_type, out_type.contribution, out_type.weight)
+  def server_tf(server_state, contribution, weight):
+    return algorithm.server_step(server_state, contribution, weight)
+
+  @tff.federated_computation
+  def initialize():
+    return tff.federated_eval(server_init_tf, tff.SERVER)
+
+  @tff.federated_computation(tff.FederatedType(server_state_type, tff.SERVER),
+                             tff.FederatedType(CLIENT_INPUT_TYPE, tff.CLIENTS),
+                             tff.FederatedType(client_state_type, tff.CLIENTS))
+  def next_fn(server_state, client_inputs, client_states):
+    broadcast = tff.federated_broadcast(tff.federated_map(broadcast_tf, server_state))
+    outputs = tff.federated_map(client_tf, (broadcast, client_inputs, client_states))
+    contribution = tff.federated_sum(outputs.contribution)
+    weight = tff.federated_sum(outputs.weight)
+    new_state = tff.federated_map(server_tf, (server_state, contribution, weight))
+    metrics = tff.federated_sum(outputs.metrics)
+    return new_state, outputs.client_state, metrics
+
+  process = tff.templates.IterativeProcess(initialize, next_fn)
+  return process
