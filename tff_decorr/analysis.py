@@ -1,0 +1,319 @@
+"""Dimensional-collapse analysis: representation covariance, its spectrum, and summary numbers.
+
+The FedDecorr papers diagnose dimensional collapse by the spectrum of the covariance of a model's
+representations over the test set (REFERENCE-NOTES §6):
+
+  Sigma = (1/N) sum_i (z_i - mean)(z_i - mean)^T          (population covariance, 1/N)
+
+its singular values in descending order (plotted on a log scale, top 100), the number of them above
+a threshold tau (log10 tau = -2), and the local-vs-global gap
+
+  R = (1/K) sum_{k<=K} log(lambda_k_local / lambda_k_global).
+
+Everything here is plain NumPy (float64) on top of whatever produces the representations, so the
+numbers do not depend on TF's float32 reductions. Definitions, normalisation and zero handling are
+written down precisely in docs/analysis.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Optional, Union
+
+import numpy as np
+import tensorflow as tf
+
+DEFAULT_LOG10_TAU = -2.0
+DEFAULT_TOP = 100
+# Spectra entries below this fraction of the largest value (over both spectra) are treated as
+# numerically zero by `local_global_gap`: float64 eigenvalue solvers have absolute errors of about
+# d * 1e-16 * lambda_max (~1e-13 relative at d = 1280), so anything below 1e-12 relative is noise.
+DEFAULT_GAP_REL_FLOOR = 1e-12
+
+
+def _as_float64_matrix(z: Any, name: str) -> np.ndarray:
+  if isinstance(z, tf.Tensor) or hasattr(z, 'numpy'):
+    z = z.numpy()
+  z = np.asarray(z, dtype=np.float64)
+  if z.ndim != 2:
+    raise ValueError(f'{name} must be a [n, d] matrix of representations; got shape {z.shape}. '
+                     'Flatten or pool the representation to one vector per example first.')
+  if not np.all(np.isfinite(z)):
+    raise ValueError(f'{name} contains NaN or Inf; the model produced non-finite representations.')
+  return z
+
+
+class RepresentationStats:
+  """Streaming accumulator of the mean and population covariance of representations.
+
+  Memory is O(d^2) whatever the number of examples (1280 x 1280 float64 = 13 MB), so the 10k CIFAR
+  test set of a MobileNetV2 is accumulated batch by batch.
+
+  Numerics: we accumulate in float64 the sum and the sum of outer products of the *shifted* vectors
+  z - c, where c is the mean of the first batch. Covariance is shift-invariant, so
+  Sigma = S2/N - m m^T with S2 = sum (z-c)(z-c)^T and m = sum (z-c) / N is exact algebraically; the
+  shift keeps the subtraction from cancelling catastrophically when the mean is large compared with
+  the spread (post-ReLU features have a large positive mean), which the unshifted
+  "E[zz^T] - E[z]E[z]^T" formula suffers from.
+  """
+
+  def __init__(self, dim: Optional[int] = None):
+    if dim is not None and (not isinstance(dim, (int, np.integer)) or dim <= 0):
+      raise ValueError(f'dim must be a positive integer or None (inferred); got {dim!r}.')
+    self._dim = None if dim is None else int(dim)
+    self._count = 0
+    self._shift = None
+    self._sum = None
+    self._sum_outer = None
+
+  @property
+  def dim(self) -> Optional[int]:
+    return self._dim
+
+  @property
+  def count(self) -> int:
+    return self._count
+
+  def add(self, z: Any) -> 'RepresentationStats':
+    """Adds a batch of representations, [n, d] (NumPy array or TF tensor, any float dtype)."""
+    z = _as_float64_matrix(z, 'z')
+    n, d = z.shape
+    if self._dim is None:
+      self._dim = d
+    elif d != self._dim:
+      raise ValueError(f'z has dimension {d} but earlier batches had {self._dim}; every batch must '
+                       'come from the same model.')
+    if n == 0:
+      return self
+    if self._shift is None:
+      self._shift = z.mean(axis=0)
+      self._sum = np.zeros(d, np.float64)
+      self._sum_outer = np.zeros((d, d), np.float64)
+    centred = z - self._shift
+    self._sum += centred.sum(axis=0)
+    self._sum_outer += centred.T @ centred
+    self._count += n
+    return self
+
+  def _require_data(self):
+    if self._count == 0:
+      raise ValueError('No representations were added; add at least one non-empty batch first.')
+
+  def mean(self) -> np.ndarray:
+    self._require_data()
+    return self._shift + self._sum / self._count
+
+  def covariance(self) -> np.ndarray:
+    """Population covariance (1/N) sum (z_i - mean)(z_i - mean)^T, float64 [d, d], symmetric."""
+    self._require_data()
+    m = self._sum / self._count
+    cov = self._sum_outer / self._count - np.outer(m, m)
+    return 0.5 * (cov + cov.T)
+
+
+def _images_of(element: Any) -> Any:
+  """The images of one dataset element: `images`, `(images, labels)` or a dict with 'images'."""
+  if isinstance(element, dict):
+    for key in ('images', 'image'):
+      if key in element:
+        return element[key]
+    raise ValueError(f'dataset elements are dicts without an "images" key (keys: {sorted(element)}); '
+                     'yield (images, labels) or {"images": ...}.')
+  if isinstance(element, (tuple, list)):
+    if not element:
+      raise ValueError('dataset elements are empty tuples; yield (images, labels).')
+    return element[0]
+  return element
+
+
+def as_representation_fn(model_or_fn: Any) -> Callable[[tf.Tensor], Any]:
+  """Turns a Keras model, a loaded SavedModel, a signature function or a callable into images -> out.
+
+  - `tf.keras.Model`: called with `training=False` (BatchNorm uses its moving statistics).
+  - an object loaded by `tf.saved_model.load` with a 'serving_default' signature: that signature
+    (the export contract), even if the object is also callable.
+  - a signature `ConcreteFunction` (e.g. `loaded.signatures['serving_default']`): signature functions
+    accept keyword arguments only, so it is called with its single input name (`images=...`).
+  - any other callable: called positionally with the images.
+  """
+  if isinstance(model_or_fn, tf.keras.Model):
+    return lambda images: model_or_fn(images, training=False)
+  signatures = getattr(model_or_fn, 'signatures', None)
+  if signatures is not None:
+    if 'serving_default' in signatures:
+      model_or_fn = signatures['serving_default']
+    elif not callable(model_or_fn):
+      raise ValueError('model_or_fn is a SavedModel without a "serving_default" signature '
+                       f'(signatures: {sorted(signatures)}); export one taking images=.')
+  input_signature = getattr(model_or_fn, 'structured_input_signature', None)
+  if input_signature is not None:
+    args, kwargs = input_signature
+    if not args and kwargs:
+      if len(kwargs) != 1:
+        raise ValueError('model_or_fn is a signature function with inputs '
+                         f'{sorted(kwargs)}; expected exactly one input (images).')
+      (name, spec), = kwargs.items()
+      dtype = spec.dtype
+      return lambda images: model_or_fn(**{name: tf.cast(images, dtype)})
+  if not callable(model_or_fn):
+    raise ValueError(f'model_or_fn must be a Keras model, SavedModel or callable; got '
+                     f'{type(model_or_fn).__name__}.')
+  return model_or_fn
+
+
+def representation_stats(model_or_fn: Any, dataset: Iterable,
+                         max_examples: Optional[int] = None) -> RepresentationStats:
+  """Streams `dataset` through the model and accumulates its 'representation' outputs.
+
+  Args:
+    model_or_fn: see `as_representation_fn`; its output must be a dict with key 'representation'
+      ([n, d] per batch), as the model and export contracts of docs/DESIGN.md say.
+    dataset: a batched tf.data.Dataset (or any iterable) of `(images, labels)`, images, or dicts
+      with 'images'.
+    max_examples: stop after this many examples (the last batch is truncated), None for all.
+  """
+  if max_examples is not None and max_examples <= 0:
+    raise ValueError(f'max_examples must be positive or None; got {max_examples}.')
+  fn = as_representation_fn(model_or_fn)
+  stats = RepresentationStats()
+  for element in dataset:
+    images = _images_of(element)
+    if max_examples is not None:
+      remaining = max_examples - stats.count
+      if remaining <= 0:
+        break
+      images = images[:remaining]
+    outputs = fn(images)
+    if not isinstance(outputs, dict) or 'representation' not in outputs:
+      kind = sorted(outputs) if isinstance(outputs, dict) else type(outputs).__name__
+      raise ValueError(f'the model must return a dict with key "representation"; got {kind}.')
+    stats.add(outputs['representation'])
+  if stats.count == 0:
+    raise ValueError('dataset yielded no examples; nothing to analyse.')
+  return stats
+
+
+def representation_covariance(model_or_fn: Any, dataset: Iterable,
+                              max_examples: Optional[int] = None) -> np.ndarray:
+  """Population covariance (1/N) of the model's representations over `dataset`, float64 [d, d]."""
+  return representation_stats(model_or_fn, dataset, max_examples).covariance()
+
+
+def singular_values(cov: Any) -> np.ndarray:
+  """Singular values of a covariance matrix, descending, float64.
+
+  A covariance is symmetric positive semi-definite, so its singular values are its eigenvalues. We
+  use `np.linalg.eigvalsh` (symmetric solver: about 3x cheaper than an SVD at d = 1280, and it never
+  mixes in the left/right singular vectors). Round-off can make eigenvalues that are truly 0 come out
+  as tiny negatives (|x| ~ 1e-16 * lambda_max); they are clipped to 0, which is what an SVD would
+  report (singular values are >= 0). The matrix is symmetrised first, (C + C^T) / 2.
+  """
+  cov = np.asarray(cov.numpy() if hasattr(cov, 'numpy') else cov, dtype=np.float64)
+  if cov.ndim != 2 or cov.shape[0] != cov.shape[1]:
+    raise ValueError(f'cov must be a square [d, d] covariance matrix; got shape {cov.shape}.')
+  if not np.all(np.isfinite(cov)):
+    raise ValueError('cov contains NaN or Inf.')
+  eig = np.linalg.eigvalsh(0.5 * (cov + cov.T))
+  return np.clip(eig, 0.0, None)[::-1].copy()
+
+
+def _as_spectrum(sv: Any, name: str) -> np.ndarray:
+  sv = np.asarray(sv, dtype=np.float64)
+  if sv.ndim != 1 or sv.size == 0:
+    raise ValueError(f'{name} must be a non-empty 1-D array of singular values; got shape {sv.shape}.')
+  if not np.all(np.isfinite(sv)) or np.any(sv < 0):
+    raise ValueError(f'{name} must be finite and non-negative (use singular_values(cov)).')
+  return sv
+
+
+def num_significant(sv: Any, log10_tau: float = DEFAULT_LOG10_TAU, normalize: bool = True) -> int:
+  """Number of singular values strictly above tau = 10**log10_tau.
+
+  normalize=True (default): values are first divided by the largest one, so the count is
+    #{k : lambda_k / lambda_1 > tau}. This makes it invariant to the overall scale of the
+    representation (a model whose features are simply 10x smaller is not "more collapsed").
+  normalize=False: the papers' raw reading of the log-scale plot, #{k : lambda_k > tau}, which
+    depends on the representation's scale; use it to compare with the papers' figures.
+  An all-zero spectrum has 0 significant values either way.
+  """
+  sv = _as_spectrum(sv, 'sv')
+  if not math.isfinite(log10_tau):
+    raise ValueError(f'log10_tau must be finite; got {log10_tau}.')
+  tau = 10.0 ** log10_tau
+  largest = sv.max()
+  if largest == 0.0:
+    return 0
+  values = sv / largest if normalize else sv
+  return int(np.count_nonzero(values > tau))
+
+
+def effective_rank(sv: Any) -> float:
+  """Effective rank (Roy & Vetterli, 2007): exp(H(p)), p_k = sigma_k / sum(sigma), H = Shannon entropy.
+
+  Zeros contribute 0 to the entropy (0 log 0 = 0). A spectrum of r equal non-zero values has
+  effective rank r; an all-zero spectrum (a constant representation) gets 0.
+  """
+  sv = _as_spectrum(sv, 'sv')
+  total = sv.sum()
+  if total == 0.0:
+    return 0.0
+  p = sv[sv > 0] / total
+  return float(np.exp(-np.sum(p * np.log(p))))
+
+
+def local_global_gap(sv_local: Any, sv_global: Any, k: Optional[int] = None,
+                     rel_floor: float = DEFAULT_GAP_REL_FLOOR, normalize: bool = False) -> float:
+  """R = (1/K) sum_{k=1..K} log(lambda_k_local / lambda_k_global), natural log, top K of each.
+
+  Both spectra are sorted descending first. K defaults to the length of the shorter spectrum.
+  R > 0 means the local model's spectrum lies above the global one (the global model is the more
+  collapsed); identical spectra give exactly 0.
+
+  Zeros: every value is floored at eps = rel_floor * max(lambda_1_local, lambda_1_global) before the
+  log, so a pair of numerically-zero values contributes log(eps/eps) = 0 and a zero against a
+  non-zero value contributes a large but finite term. If both spectra are all zero, R = 0.
+  normalize=True divides each spectrum by its own largest value first (R then compares shapes only,
+  not the overall scale); the papers' R is normalize=False.
+  """
+  local = np.sort(_as_spectrum(sv_local, 'sv_local'))[::-1]
+  glob = np.sort(_as_spectrum(sv_global, 'sv_global'))[::-1]
+  if not (0.0 < rel_floor < 1.0):
+    raise ValueError(f'rel_floor must be in (0, 1); got {rel_floor}.')
+  limit = min(local.size, glob.size)
+  if k is None:
+    k = limit
+  if not isinstance(k, (int, np.integer)) or not 1 <= k <= limit:
+    raise ValueError(f'k must be an integer in [1, {limit}] (the shorter spectrum) or None; got {k!r}.')
+  if normalize:
+    local = local / local[0] if local[0] > 0 else local
+    glob = glob / glob[0] if glob[0] > 0 else glob
+  scale = max(local[0], glob[0])
+  if scale == 0.0:
+    return 0.0
+  eps = rel_floor * scale
+  local = np.maximum(local[:k], eps)
+  glob = np.maximum(glob[:k], eps)
+  return float(np.mean(np.log(local) - np.log(glob)))
+
+
+def spectrum_summary(sv: Any, log10_tau: float = DEFAULT_LOG10_TAU,
+                     top: int = DEFAULT_TOP) -> dict[str, Any]:
+  """JSON-serialisable summary of one spectrum (plain Python floats and ints only)."""
+  sv = np.sort(_as_spectrum(sv, 'sv'))[::-1]
+  if not isinstance(top, (int, np.integer)) or top < 1:
+    raise ValueError(f'top must be a positive integer; got {top!r}.')
+  largest = float(sv[0])
+  head = sv[:top]
+  return {
+      'dim': int(sv.size),
+      'trace': float(sv.sum()),
+      'largest': largest,
+      'smallest': float(sv[-1]),
+      'effective_rank': effective_rank(sv),
+      'log10_tau': float(log10_tau),
+      'num_significant_normalized': num_significant(sv, log10_tau, normalize=True),
+      'num_significant_absolute': num_significant(sv, log10_tau, normalize=False),
+      'num_nonzero': int(np.count_nonzero(sv > 0)),
+      'top': [float(x) for x in head],
+      'top_log10': [float(np.log10(x)) if x > 0 else None for x in head],
+  }

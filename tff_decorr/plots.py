@@ -1,0 +1,89 @@
+"""Figures of the dimensional-collapse analysis (the papers' log-scale spectrum plots).
+
+We draw on a `matplotlib.figure.Figure` with the Agg canvas directly instead of going through
+`pyplot`: no global backend switch, no GUI, no figure left open in pyplot's registry, so this works
+in headless training jobs and inside tests whatever backend another module selected.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Optional
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+import numpy as np
+
+
+def _spectrum(sv: Any, name: str) -> np.ndarray:
+  sv = np.asarray(sv, dtype=np.float64)
+  if sv.ndim != 1 or sv.size == 0:
+    raise ValueError(f'{name} must be a non-empty 1-D array of singular values; got shape {sv.shape}.')
+  if not np.all(np.isfinite(sv)) or np.any(sv < 0):
+    raise ValueError(f'{name} must be finite and non-negative.')
+  return np.sort(sv)[::-1]
+
+
+def _check_top(top: int) -> None:
+  if not isinstance(top, (int, np.integer)) or top < 1:
+    raise ValueError(f'top must be a positive integer; got {top!r}.')
+
+
+def _plot_curve(ax, sv: np.ndarray, top: int, label: str, **kwargs) -> None:
+  head = sv[:top]
+  index = np.arange(1, head.size + 1)
+  # Zeros cannot be shown on a log axis; they are masked (the curve stops) rather than invented.
+  ax.plot(index, np.where(head > 0, head, np.nan), label=label, **kwargs)
+
+
+def _save(fig: Figure, path: str) -> str:
+  parent = os.path.dirname(os.path.abspath(path))
+  os.makedirs(parent, exist_ok=True)
+  FigureCanvasAgg(fig)
+  fig.savefig(path, dpi=120, bbox_inches='tight')
+  return path
+
+
+def _finish_axes(ax, last: int, title: Optional[str]) -> None:
+  ax.set_yscale('log')
+  ax.set_xlim(1, max(last, 2))
+  ax.set_xlabel('index k (descending)')
+  ax.set_ylabel('singular value of representation covariance (log scale)')
+  ax.grid(True, which='both', alpha=0.3)
+  if title:
+    ax.set_title(title)
+
+
+def plot_spectra(curves: Mapping[str, Any], path: str, top: int = 100,
+                 title: Optional[str] = 'Singular values of the representation covariance') -> str:
+  """Log-scale singular values vs index (top `top`) of several runs on one axes; returns `path`."""
+  if not curves:
+    raise ValueError('curves must map at least one label to a spectrum.')
+  _check_top(top)
+  fig = Figure(figsize=(6.4, 4.8))
+  ax = fig.add_subplot(1, 1, 1)
+  longest = 0
+  for label, sv in curves.items():
+    sv = _spectrum(sv, f'curves[{label!r}]')
+    longest = max(longest, sv.size)
+    _plot_curve(ax, sv, top, str(label))
+  _finish_axes(ax, min(top, longest), title)
+  ax.legend(loc='upper right')
+  return _save(fig, path)
+
+
+def plot_local_vs_global(sv_local: Any, sv_global: Any, path: str, r_value: float,
+                         top: int = 100, title: Optional[str] = 'Local vs global spectrum') -> str:
+  """The local model's and the global model's spectra, with R written in the corner."""
+  _check_top(top)
+  local = _spectrum(sv_local, 'sv_local')
+  glob = _spectrum(sv_global, 'sv_global')
+  fig = Figure(figsize=(6.4, 4.8))
+  ax = fig.add_subplot(1, 1, 1)
+  _plot_curve(ax, local, top, 'local')
+  _plot_curve(ax, glob, top, 'global')
+  _finish_axes(ax, min(top, max(local.size, glob.size)), title)
+  ax.legend(loc='upper right')
+  ax.text(0.03, 0.04, f'R = {float(r_value):.4g}', transform=ax.transAxes, ha='left', va='bottom',
+          bbox={'boxstyle': 'round', 'facecolor': 'white', 'alpha': 0.8})
+  return _save(fig, path)
