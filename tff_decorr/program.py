@@ -1,0 +1,205 @@
+"""The training program's round loop: sampling, checkpoints, metrics, evaluation, export.
+
+It is independent of tasks, models and runtimes: it drives any runtime with `initialize()` and
+`run_round(server_state, client_inputs, client_states)` (the TFF iterative process and the in-process
+TF runtime both provide them), so a run checkpointed under one runtime resumes under the other.
+
+Resumption is exact: client sampling and each client's data-shuffling/augmentation seed are pure
+functions of (seed, round, client id), and the program state saved after every round holds
+everything else (server state, and which version of each client's state is current). Program state
+is written with `tff.program.FileProgramStateManager`, which writes to a temporary directory and
+renames it, so a kill at any moment leaves either the previous or the new version, never half of one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import os
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+
+class CheckpointError(ValueError):
+  """A checkpoint exists but cannot be read; the message says how to proceed."""
+
+
+def sample_clients(num_clients: int, clients_per_round: int, seed: int, round_num: int) -> list:
+  """The clients of round `round_num` (1-based): a seeded draw without replacement, sorted."""
+  if clients_per_round >= num_clients:
+    return list(range(num_clients))
+  rng = np.random.default_rng([seed, round_num, 0x5A4D])
+  return sorted(int(i) for i in rng.choice(num_clients, clients_per_round, replace=False))
+
+
+def client_seed(seed: int, round_num: int, client_id: int) -> int:
+  """Seed of a client's data pipeline (shuffle + augmentation) in a round."""
+  return int(np.random.SeedSequence([seed, round_num, client_id]).generate_state(1, np.uint32)[0])
+
+
+@dataclasses.dataclass
+class LoopConfig:
+  rounds: int
+  num_clients: int
+  clients_per_round: int
+  seed: int
+  eval_every: int = 1
+  export_every: int = 0  # 0: export only at the end
+
+
+class Metrics:
+  """Per-round metrics to CSV and TensorBoard (TFF's release managers) and a progress line."""
+
+  def __init__(self, output_dir: str):
+    self._csv = tff.program.CSVFileReleaseManager(
+        os.path.join(output_dir, 'metrics.csv'), key_fieldname='round')
+    self._tb = tff.program.TensorBoardReleaseManager(os.path.join(output_dir, 'tensorboard'))
+
+  def release(self, values: dict, round_num: int) -> None:
+    clean = {k: float(v) for k, v in values.items() if v is not None}
+    asyncio.run(self._csv.release(clean, key=round_num))
+    asyncio.run(self._tb.release(clean, key=round_num))
+
+
+def _fmt_eta(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f'{h}:{m:02d}:{s:02d}' if h else f'{m:d}:{s:02d}'
+
+
+def summarize_train_metrics(m: dict) -> dict:
+  """Turns the runtime's summed client metrics into per-example means."""
+  examples = max(float(m.get('examples', 0.0)), 1.0)
+  out = {
+      'train_loss': float(m.get('loss_sum', 0.0)) / examples,
+      'train_ce': float(m.get('ce_sum', 0.0)) / examples,
+      'train_regularizer': float(m.get('reg_sum', 0.0)) / examples,
+      'train_accuracy': float(m.get('correct', 0.0)) / examples,
+      'train_examples': float(m.get('examples', 0.0)),
+      'local_steps': float(m.get('steps', 0.0)),
+  }
+  for k in ('extra_sum',):
+    if k in m:
+      out['train_algorithm_term'] = float(m[k]) / examples
+  for k in ('bytes_up', 'bytes_down', 'clients'):
+    if k in m:
+      out[k] = float(m[k])
+  return out
+
+
+def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
+        evaluate_fn: Callable[[list, int], dict], export_fn: Callable[[list, str], None],
+        on_round_end: Optional[Callable[[int, Any], None]] = None, log=print) -> dict:
+  """Runs (or resumes) the federated training loop. Returns the final summary dict.
+
+  Args:
+    runtime: object with `initialize()` and `run_round(server_state, client_inputs, client_states)`.
+    algorithm: gives `global_weights(server_state)` and `initial_client_state(weights)`.
+    store: the per-client state store (`tff_decorr.client_state`).
+    evaluate_fn: (global weights, round) -> dict of test metrics (e.g. 'test_accuracy').
+    export_fn: (global weights, directory) -> writes a SavedModel there.
+  """
+  ckpt = tff.program.FileProgramStateManager(os.path.join(output_dir, 'checkpoints'),
+                                             prefix='round_', keep_total=2)
+  initial_state = runtime.initialize()
+  structure = {'round': 0, 'server_state': initial_state, 'best_accuracy': 0.0,
+               'best_round': 0, 'last_accuracy': -1.0}
+  try:
+    saved, version = asyncio.run(ckpt.load_latest(structure))
+  except Exception as e:  # Any failure to read is reported the same way: never train over it.
+    raise CheckpointError(
+        f'the checkpoint in {output_dir}/checkpoints cannot be read ({type(e).__name__}: '
+        f'{str(e)[:200]}); remove the broken round_* directory there to resume from the previous '
+        'one, or use another --output_dir (nothing was changed).') from e
+  if saved is None:
+    state = structure
+    log(f'Starting a new run in {output_dir}')
+  else:
+    state = saved
+    store.restore(int(state['round']))
+    log(f'Resuming {output_dir} after round {int(state["round"])}')
+  initial_weights = algorithm.global_weights(initial_state)
+  metrics_io = Metrics(output_dir)
+  start_round = int(state['round']) + 1
+  server_state = state['server_state']
+  times = []
+  summary = {}
+  for round_num in range(start_round, loop.rounds + 1):
+    t0 = time.perf_counter()
+    clients = sample_clients(loop.num_clients, loop.clients_per_round, loop.seed, round_num)
+    client_inputs = [(str(c), client_seed(loop.seed, round_num, c)) for c in clients]
+    client_states = store.load(clients, lambda: algorithm.initial_client_state(initial_weights))
+    server_state, new_states, train_metrics = runtime.run_round(server_state, client_inputs,
+                                                                client_states)
+    store.save(clients, new_states, round_num)
+    round_time = time.perf_counter() - t0
+    values = summarize_train_metrics(train_metrics)
+    values['round_time_s'] = round_time
+    weights = algorithm.global_weights(server_state)
+    test = {}
+    if round_num % max(loop.eval_every, 1) == 0 or round_num == loop.rounds:
+      test = evaluate_fn(weights, round_num)
+      values.update(test)
+      acc = float(test.get('test_accuracy', -1.0))
+      state['last_accuracy'] = acc
+      if acc > float(state['best_accuracy']):
+        state['best_accuracy'], state['best_round'] = acc, round_num
+    if on_round_end is not None:
+      extra = on_round_end(round_num, server_state)
+      if extra:
+        values.update(extra)
+    metrics_io.release(values, round_num)
+    if loop.export_every and round_num % loop.export_every == 0:
+      export_fn(weights, os.path.join(output_dir, 'export', f'round_{round_num}'))
+    state = {'round': round_num, 'server_state': server_state,
+             'best_accuracy': float(state['best_accuracy']), 'best_round': int(state['best_round']),
+             'last_accuracy': float(state['last_accuracy'])}
+    asyncio.run(ckpt.save(state, round_num))
+    store.commit(round_num)
+    times.append(round_time if round_num > start_round or len(times) else round_time)
+    steady = times[1:] or times
+    eta = (loop.rounds - round_num) * float(np.median(steady))
+    line = (f'round {round_num}/{loop.rounds}  clients {len(clients)}  '
+            f'train_loss {values["train_loss"]:.4f}  train_acc {values["train_accuracy"]:.4f}  '
+            f'reg {values["train_regularizer"]:.4f}')
+    if test:
+      line += f'  test_acc {float(test.get("test_accuracy", float("nan"))):.4f}'
+    line += f'  {round_time:.1f}s  ETA {_fmt_eta(eta)}'
+    log(line)
+  final_weights = algorithm.global_weights(server_state)
+  export_dir = os.path.join(output_dir, 'export', 'saved_model')
+  export_fn(final_weights, export_dir)
+  summary = {
+      'final_test_accuracy': float(state['last_accuracy']),
+      'final_round': int(state['round']),
+      'best_test_accuracy': float(state['best_accuracy']),
+      'best_round': int(state['best_round']),
+      'saved_model': export_dir,
+  }
+  return summary
+
+
+def set_gpu_memory_growth() -> list:
+  """Memory growth on every GPU (no pre-allocation), so several runs and evaluation can share it."""
+  gpus = tf.config.list_physical_devices('GPU')
+  for gpu in gpus:
+    try:
+      tf.config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError:  # Already initialised: the setting can no longer change; harmless.
+      logging.warning('GPU %s was initialised before memory growth could be set.', gpu.name)
+  return gpus
+
+
+def is_finite_weights(weights: Sequence) -> bool:
+  return all(np.all(np.isfinite(np.asarray(w))) for w in weights)
+
+
+def fmt_accuracy(x: float) -> str:
+  return 'n/a' if x is None or (isinstance(x, float) and math.isnan(x)) or x < 0 else f'{x:.4f}'
