@@ -67,6 +67,7 @@ class WorkerProcess:
   def __init__(self, port: Optional[int] = None, max_concurrent_computation_calls: int = -1,
                log_path: Optional[str] = None):
     self.port = port or portpicker.pick_unused_port()
+    self._temporary_log = log_path is None
     if log_path is None:
       fd, log_path = tempfile.mkstemp(prefix='tff_worker_', suffix='.log')
       os.close(fd)
@@ -97,6 +98,8 @@ class WorkerProcess:
         self.process.kill()
         self.process.wait()
     self._log.close()
+    if self._temporary_log and os.path.exists(self.log_path):
+      os.remove(self.log_path)  # Nobody asked for it; a run's own log lives in its output dir.
     with _lock:
       if self in _processes:
         _processes.remove(self)
