@@ -83,17 +83,14 @@ class Algorithm:
     def client_step(broadcast, dataset, client_state):
       out = self._client_step(ws, broadcast, dataset, client_state)
       metrics = dict(out.metrics)
-      metrics['bytes_up'] = tf.constant(4.0 * self.upload_elements(out.contribution), tf.float32)
+      if 'bytes_up' not in metrics:  # Algorithms that send a varying part report it themselves.
+        metrics['bytes_up'] = tf.constant(4.0 * num_elements(out.contribution), tf.float32)
       metrics['bytes_down'] = tf.constant(4.0 * num_elements(broadcast), tf.float32)
       metrics['clients'] = tf.constant(1.0, tf.float32)
       return ClientOutput(out.contribution, tf.cast(out.weight, tf.float32), out.client_state,
                           metrics)
 
     return client_step
-
-  def upload_elements(self, contribution) -> int:
-    """Number of values a client uploads (float32 each). Overridden when part is not sent."""
-    return num_elements(contribution)
 
   def _client_step(self, ws: Workspace, broadcast, dataset, client_state) -> ClientOutput:
     raise NotImplementedError

@@ -63,3 +63,33 @@ def make_client_dataset_fn(data, batch_size: int = 4, shuffle: bool = False):
     return ds.batch(batch_size)
 
   return fn
+
+
+class _TinyDecomposedConv(tf.keras.layers.Layer):
+  """k x k conv whose kernel = coefficients [k*k... m atoms] x atoms [m, k, k] (test fixture)."""
+
+  def __init__(self, filters, kernel_size=3, num_atoms=4, seed=0, **kwargs):
+    super().__init__(**kwargs)
+    self.filters, self.k, self.m, self.seed = filters, kernel_size, num_atoms, seed
+
+  def build(self, input_shape):
+    c_in = int(input_shape[-1])
+    init = tf.keras.initializers.GlorotUniform(seed=self.seed)
+    self.atoms = self.add_weight('atoms', (self.m, self.k, self.k), initializer=init)
+    self.coefficients = self.add_weight('coefficients', (c_in, self.filters, self.m),
+                                        initializer=init)
+
+  def call(self, x):
+    kernel = tf.einsum('iom,mhw->hwio', self.coefficients, self.atoms)
+    return tf.nn.conv2d(x, kernel, 1, 'SAME')
+
+
+def tiny_decomposed_model(seed: int = 0) -> tf.keras.Model:
+  inputs = tf.keras.Input(INPUT_SHAPE)
+  x = _TinyDecomposedConv(4, seed=seed, name='dconv')(inputs)
+  x = tf.keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5, name='bn')(x)
+  rep = tf.keras.layers.GlobalAveragePooling2D()(tf.keras.layers.ReLU()(x))
+  logits = tf.keras.layers.Dense(
+      NUM_CLASSES, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed + 2),
+      name='head')(rep)
+  return tf.keras.Model(inputs, {'representation': rep, 'logits': logits})

@@ -1,0 +1,58 @@
+"""FedAvgM (Hsu et al. 2019): FedAvg with server momentum. Two forms, selected by `form`:
+
+delta = avg_i(y_i) - x (example-weighted average of the whole state, as FedAvg), then
+- form='reference' (the FedDecorr reference code): m <- b*m + (1-b)*delta;  x <- x + m
+  (an exponential moving average of the updates; equals server SGD with momentum b and
+  learning rate 1-b);
+- form='sgdm' (TFF's server optimizer `sgdm`):    m <- b*m + delta;        x <- x + server_lr*m.
+They differ: with server_lr=1 the sgdm form takes steps about 1/(1-b) times larger.
+The momentum covers the whole state (BN statistics included), as the reference's state_dict does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tff_decorr.algorithms import base, fedavg
+
+FORMS = ('reference', 'sgdm')
+
+
+class FedAvgM(fedavg.FedAvg):
+  name = 'fedavgm'
+
+  def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None,
+               server_momentum: float = 0.9, form: str = 'reference', server_lr: float = 1.0):
+    if form not in FORMS:
+      raise ValueError(f'form must be one of {FORMS}, got {form!r}.')
+    if not 0 <= server_momentum < 1:
+      raise ValueError(f'server_momentum must be in [0, 1), got {server_momentum!r}.')
+    if not server_lr > 0:
+      raise ValueError(f'server_lr must be > 0, got {server_lr!r}.')
+    if form == 'reference' and server_lr != 1.0:
+      raise ValueError("server_lr applies only to form='sgdm'; the reference form has none.")
+    super().__init__(model_fn, config, regularizer)
+    self.server_momentum = float(server_momentum)
+    self.form = form
+    self.server_lr = float(server_lr)
+
+  def initial_server_state(self, weights):
+    return {'weights': [np.asarray(w) for w in weights],
+            'momentum': [np.zeros_like(np.asarray(w)) for w in weights]}
+
+  def server_step(self, server_state, contribution, weight):
+    x = [tf.convert_to_tensor(w) for w in server_state['weights']]
+    avg = base.safe_average(contribution, weight, x)
+    b = tf.constant(self.server_momentum, tf.float32)
+    new_x, new_m = [], []
+    for xi, ai, mi in zip(x, avg, server_state['momentum']):
+      delta = ai - xi
+      if self.form == 'reference':
+        m = b * mi + (1.0 - b) * delta
+        new_x.append(xi + m)
+      else:
+        m = b * mi + delta
+        new_x.append(xi + self.server_lr * m)
+      new_m.append(m)
+    return {'weights': new_x, 'momentum': new_m}

@@ -1,0 +1,43 @@
+"""FedBN (Li et al. 2021): BatchNorm stays local.
+
+Client state = that client's BN variables (gamma, beta, moving mean, moving variance of every
+BatchNormalization layer), initialised from the initial global model and persisted across rounds.
+Client i starts from the global non-BN weights combined with its own BN variables, trains, uploads
+only n_i * (non-BN weights). Server: non-BN weights <- example-weighted average; the server's BN
+variables are never changed (they stay at their initial values).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tff_decorr.algorithms import base, fedavg
+
+
+class FedBN(fedavg.FedAvg):
+  name = 'fedbn'
+
+  def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None):
+    super().__init__(model_fn, config, regularizer)
+    if not any(self.spec.batchnorm):
+      raise ValueError('FedBN needs a model with BatchNormalization layers; this model has none '
+                       '(use --algorithm=fedavg).')
+
+  def initial_client_state(self, weights):
+    return {'bn': [np.asarray(w) for w, b in zip(weights, self.spec.batchnorm) if b]}
+
+  def _client_step(self, ws, broadcast, dataset, client_state):
+    local_bn = iter(client_state['bn'])
+    start = [next(local_bn) if b else w for w, b in zip(broadcast['weights'], self.spec.batchnorm)]
+    res = self._train(ws, start, dataset)
+    shared = [w for w, b in zip(res.weights, self.spec.batchnorm) if not b]
+    new_state = {'bn': [w for w, b in zip(res.weights, self.spec.batchnorm) if b]}
+    return base.ClientOutput(base.weighted(shared, res.num_examples), res.num_examples, new_state,
+                             res.metrics)
+
+  def server_step(self, server_state, contribution, weight):
+    old = [tf.convert_to_tensor(w) for w in server_state['weights']]
+    old_shared = [w for w, b in zip(old, self.spec.batchnorm) if not b]
+    avg = iter(base.safe_average(contribution, weight, old_shared))
+    return {'weights': [w if b else next(avg) for w, b in zip(old, self.spec.batchnorm)]}

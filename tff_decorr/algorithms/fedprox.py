@@ -1,0 +1,38 @@
+"""FedProx (Li et al. 2020): FedAvg plus a proximal term in the local loss.
+
+Local loss += (mu / 2) * sum_over_trainable ||w - w_global||^2, w_global = the broadcast weights.
+The term is computed from the variables directly (no second forward pass); its gradient is
+mu * (w - w_global). The reference's proximal term is always zero (it compares the weights with
+themselves); ours acts. Server: as FedAvg (example-weighted average of the whole state).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tff_decorr.algorithms import base, fedavg
+
+
+class FedProx(fedavg.FedAvg):
+  name = 'fedprox'
+
+  def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None, mu: float = 1e-3):
+    if mu < 0:
+      raise ValueError(f'mu (FedProx proximal coefficient) must be >= 0, got {mu!r}.')
+    super().__init__(model_fn, config, regularizer)
+    self.mu = float(mu)
+
+  def _client_step(self, ws, broadcast, dataset, client_state):
+    global_trainable = [tf.convert_to_tensor(w) for w, t in
+                        zip(broadcast['weights'], ws.trainable_mask) if t]
+    mu = tf.constant(self.mu, tf.float32)
+
+    def proximal(outputs, images, labels):
+      del outputs, images, labels
+      return 0.5 * mu * tf.add_n([tf.reduce_sum(tf.square(v - g))
+                                  for v, g in zip(ws.trainable, global_trainable)])
+
+    res = self._train(ws, broadcast['weights'], dataset,
+                      extra_loss=proximal if self.mu > 0 else None)
+    return base.ClientOutput(base.weighted(res.weights, res.num_examples), res.num_examples,
+                             client_state, res.metrics)

@@ -1,0 +1,74 @@
+"""SCAFFOLD (Karimireddy et al. 2020), option II control variates, with the shared local SGD.
+
+Server state: x (global weights), c (server control variate, one per trainable weight).
+Client state: c_i (one per trainable weight), initially 0. Client i, from y_i = x:
+  each local step uses the corrected gradient g + c - c_i (before weight decay and momentum);
+  after K local steps:  c_i+ = c_i - c + (x - y_i) / (K * lr)          (option II)
+  uploads (y_i - x, c_i+ - c_i) with weight 1 (a uniform average over the sampled clients, as in
+  the paper). Non-trainable state (BN statistics) is part of y_i - x; it has no control variate.
+Server, S = sampled clients, N = total clients (`num_clients`):
+  x <- x + server_lr * (1/|S|) sum_i (y_i - x);   c <- c + (|S|/N) * (1/|S|) sum_i (c_i+ - c_i).
+A client with no data (K = 0) keeps c_i and uploads zeros.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tff_decorr.algorithms import base
+
+
+class Scaffold(base.Algorithm):
+  name = 'scaffold'
+
+  def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None, *,
+               num_clients: int, server_lr: float = 1.0):
+    if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
+      raise ValueError(f'num_clients (total clients N, for c += |S|/N avg dc) must be an integer '
+                       f'>= 1, got {num_clients!r}.')
+    if not server_lr > 0:
+      raise ValueError(f'server_lr must be > 0, got {server_lr!r}.')
+    super().__init__(model_fn, config, regularizer)
+    self.num_clients = int(num_clients)
+    self.server_lr = float(server_lr)
+
+  def _zeros_trainable(self, weights):
+    return [np.zeros_like(np.asarray(w)) for w, t in zip(weights, self.spec.trainable) if t]
+
+  def initial_server_state(self, weights):
+    return {'weights': [np.asarray(w) for w in weights], 'control': self._zeros_trainable(weights)}
+
+  def initial_client_state(self, weights):
+    return {'control': self._zeros_trainable(weights)}
+
+  def broadcast(self, server_state):
+    return {'weights': list(server_state['weights']), 'control': list(server_state['control'])}
+
+  def _client_step(self, ws, broadcast, dataset, client_state):
+    c = [tf.convert_to_tensor(t) for t in broadcast['control']]
+    ci = [tf.convert_to_tensor(t) for t in client_state['control']]
+
+    def correct(grads):
+      return [None if g is None else tf.convert_to_tensor(g) + cj - cij
+              for g, cj, cij in zip(grads, c, ci)]
+
+    res = self._train(ws, broadcast['weights'], dataset, grad_correction=correct)
+    x = [tf.convert_to_tensor(w) for w in broadcast['weights']]
+    k_lr = tf.cast(res.num_steps, tf.float32) * self.config.lr
+    x_tr = [w for w, t in zip(x, self.spec.trainable) if t]
+    y_tr = [w for w, t in zip(res.weights, self.spec.trainable) if t]
+    new_ci = [tf.where(k_lr > 0, cij - cj + (xj - yj) / tf.maximum(k_lr, 1e-30), cij)
+              for cij, cj, xj, yj in zip(ci, c, x_tr, y_tr)]
+    contribution = {'delta_y': [y - xj for y, xj in zip(res.weights, x)],
+                    'delta_c': [n - o for n, o in zip(new_ci, ci)]}
+    return base.ClientOutput(contribution, tf.constant(1.0), {'control': new_ci}, res.metrics)
+
+  def server_step(self, server_state, contribution, weight):
+    x = [tf.convert_to_tensor(w) for w in server_state['weights']]
+    zeros = [tf.zeros_like(w) for w in x]
+    avg_dy = base.safe_average(contribution['delta_y'], weight, zeros)
+    new_x = [w + self.server_lr * d for w, d in zip(x, avg_dy)]
+    new_c = [tf.convert_to_tensor(cj) + dc / float(self.num_clients)
+             for cj, dc in zip(server_state['control'], contribution['delta_c'])]
+    return {'weights': new_x, 'control': new_c}
