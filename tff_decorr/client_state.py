@@ -1,0 +1,136 @@
+"""Per-client state store on disk (FedBN's BN variables, SCAFFOLD's c_i, MOON's previous model).
+
+One `.npz` file per client and version: `<dir>/<quoted client id>/r<round>.npz`, written atomically
+(temporary file in the same directory, fsync, `os.replace`), so a crash never leaves a half-written
+state. Only sampled clients are loaded, so memory does not grow with the number of clients (the
+store keeps just a {client id: round} index). A client without a saved state gets
+`initial_fn()` (the algorithm's `initial_client_state`).
+
+Checkpoints: `save_manifest(path)` records which version of every client belongs to the checkpoint;
+`load_manifest(path)` restores that consistent set (versions written after it, e.g. by a round that
+crashed, are ignored and later overwritten). After a manifest is written, versions older than the
+ones it references are deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import urllib.parse
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+import tensorflow as tf
+
+MANIFEST_VERSION = 1
+
+
+def _atomic_write(path: str, write_fn) -> None:
+  directory = os.path.dirname(path) or '.'
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix='.tmp_', suffix=os.path.splitext(path)[1])
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      write_fn(f)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+class ClientStateStore:
+  """Client states keyed by client id, persisted under `directory`."""
+
+  def __init__(self, directory: str, initial_fn: Callable[[], Any]):
+    if not directory:
+      raise ValueError('directory must be a non-empty path for the client-state store.')
+    if not callable(initial_fn):
+      raise ValueError('initial_fn must be a callable returning the initial client state.')
+    self.directory = directory
+    self._initial_fn = initial_fn
+    self._template = initial_fn()
+    self._latest: Dict[str, int] = {}
+    os.makedirs(directory, exist_ok=True)
+
+  def _client_dir(self, client_id: str) -> str:
+    return os.path.join(self.directory, urllib.parse.quote(str(client_id), safe=''))
+
+  def _path(self, client_id: str, round_num: int) -> str:
+    return os.path.join(self._client_dir(client_id), f'r{int(round_num)}.npz')
+
+  def __contains__(self, client_id: str) -> bool:
+    return str(client_id) in self._latest
+
+  def __len__(self) -> int:
+    return len(self._latest)
+
+  def load(self, client_id: str) -> Any:
+    """The client's latest saved state, or the initial state if it has none."""
+    client_id = str(client_id)
+    if client_id not in self._latest:
+      return self._initial_fn()
+    path = self._path(client_id, self._latest[client_id])
+    with np.load(path, allow_pickle=False) as f:
+      arrays = [f[f'a{i:05d}'] for i in range(len(f.files))]
+    flat_template = tf.nest.flatten(self._template)
+    if len(arrays) != len(flat_template):
+      raise ValueError(f'{path} holds {len(arrays)} arrays but the algorithm\'s client state has '
+                       f'{len(flat_template)}; the store belongs to another algorithm or model '
+                       '(use a fresh --output directory).')
+    return tf.nest.pack_sequence_as(self._template, arrays)
+
+  def save(self, client_id: str, state: Any, round_num: int) -> None:
+    """Writes `state` as the client's version for `round_num` and makes it the latest."""
+    client_id = str(client_id)
+    flat = [np.asarray(a) for a in tf.nest.flatten(state)]
+    tf.nest.assert_same_structure(self._template, tf.nest.pack_sequence_as(self._template, flat))
+    arrays = {f'a{i:05d}': a for i, a in enumerate(flat)}
+    _atomic_write(self._path(client_id, round_num), lambda f: np.savez(f, **arrays))
+    self._latest[client_id] = int(round_num)
+
+  def manifest(self) -> dict:
+    return {'version': MANIFEST_VERSION, 'clients': dict(self._latest)}
+
+  def save_manifest(self, path: str, prune: bool = True) -> None:
+    """Records the current version of every client (atomically), then prunes older versions."""
+    data = json.dumps(self.manifest(), sort_keys=True).encode()
+    _atomic_write(path, lambda f: f.write(data))
+    if prune:
+      self._prune()
+
+  def load_manifest(self, path: str) -> None:
+    with open(path, 'rb') as f:
+      manifest = json.loads(f.read().decode())
+    if manifest.get('version') != MANIFEST_VERSION or 'clients' not in manifest:
+      raise ValueError(f'{path} is not a client-state manifest (version {MANIFEST_VERSION}).')
+    latest = {str(k): int(v) for k, v in manifest['clients'].items()}
+    for client_id, r in latest.items():
+      if not os.path.exists(self._path(client_id, r)):
+        raise ValueError(f'{path} refers to a missing client state {self._path(client_id, r)}; '
+                         'the checkpoint directory is incomplete.')
+    self._latest = latest
+
+  def _prune(self) -> None:
+    for client_id, r in self._latest.items():
+      client_dir = self._client_dir(client_id)
+      for name in os.listdir(client_dir):
+        if name.startswith('r') and name.endswith('.npz'):
+          try:
+            version = int(name[1:-4])
+          except ValueError:
+            continue
+          if version < r:
+            os.remove(os.path.join(client_dir, name))
+
+  def load_many(self, client_ids) -> list:
+    return [self.load(c) for c in client_ids]
+
+  def save_many(self, client_ids, states, round_num: int) -> None:
+    if len(client_ids) != len(states):
+      raise ValueError(f'{len(client_ids)} client ids but {len(states)} states.')
+    for c, s in zip(client_ids, states):
+      self.save(c, s, round_num)
