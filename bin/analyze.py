@@ -1,0 +1,223 @@
+r"""Dimensional-collapse analysis of exported models: spectra CSV, JSON summary and figures.
+
+  .venv/bin/python -m bin.analyze --task=cifar10 --data_dir=../shared/data/tfds \
+    --saved_model=runs/fedavg,runs/feddecorr --output_dir=analysis/cifar10
+
+  # local (one client's model) vs global model, with the gap R:
+  .venv/bin/python -m bin.analyze --task=cifar10 --data_dir=../shared/data/tfds \
+    --local_saved_model=runs/x/client0 --global_saved_model=runs/x --output_dir=analysis/lg
+
+Each --saved_model is a SavedModel directory or a run directory holding `export/saved_model`
+(contract in tff_decorr/export.py). The covariance of its representations over the task's test split
+is accumulated batch by batch (tff_decorr/analysis.py); quantities are defined in docs/analysis.md.
+Writes <output_dir>/spectra.csv (one column per run), summary.json, spectra.png and, for the
+local/global pair, local_global.csv and local_vs_global.png. Bad input exits with code 2 and a
+one-line error naming the flag.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from absl import app
+from absl import flags
+import numpy as np
+
+from tff_decorr import analysis
+from tff_decorr import export
+from tff_decorr import plots
+
+_SAVED_MODEL = flags.DEFINE_string(
+    'saved_model', None, 'Comma-separated SavedModel dirs, or run dirs containing export/saved_model.')
+_LABELS = flags.DEFINE_string(
+    'labels', None, 'Comma-separated labels, one per --saved_model (default: the run dir names).')
+_TASK = flags.DEFINE_string('task', None, 'Task name from tasks.registry (gives the test split).')
+_DATA_DIR = flags.DEFINE_string('data_dir', None, 'TFDS data directory of the task.')
+_OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where the CSV, JSON and PNG files go.')
+_LOG10_TAU = flags.DEFINE_float(
+    'log10_tau', analysis.DEFAULT_LOG10_TAU, 'Significance threshold log10(tau) for num_significant.')
+_TOP = flags.DEFINE_integer('top', analysis.DEFAULT_TOP, 'How many singular values to plot/list.')
+_LOCAL = flags.DEFINE_string('local_saved_model', None, 'Local model of the local-vs-global plot.')
+_GLOBAL = flags.DEFINE_string('global_saved_model', None, 'Global model of the local-vs-global plot.')
+_GAP_K = flags.DEFINE_integer(
+    'gap_k', analysis.DEFAULT_TOP, 'K of the gap R (top K values; capped at the dimension).')
+_BATCH_SIZE = flags.DEFINE_integer('batch_size', 256, 'Test batch size (memory only; no effect on '
+                                   'the result).')
+_MAX_EXAMPLES = flags.DEFINE_integer(
+    'max_examples', 0, 'Use only the first N test examples (0 = all); for quick looks only.')
+
+
+class FlagError(ValueError):
+  """Bad command-line input; the message starts with the flag name."""
+
+
+def _split(value: Optional[str]) -> list[str]:
+  return [v.strip() for v in (value or '').split(',') if v.strip()]
+
+
+def default_label(path: str) -> str:
+  """The run directory's name: `runs/fedavg` and `runs/fedavg/export/saved_model` -> 'fedavg'."""
+  parts = os.path.normpath(os.path.abspath(path)).split(os.sep)
+  if len(parts) >= 3 and parts[-2:] == ['export', 'saved_model']:
+    return parts[-3]
+  return parts[-1]
+
+
+def load_models(saved_models: Sequence[str], labels: Optional[Sequence[str]] = None,
+                flag: str = '--saved_model') -> dict[str, tuple[Any, dict]]:
+  """label -> (serving function, metadata); raises FlagError/SavedModelError for bad input."""
+  if labels:
+    if len(labels) != len(saved_models):
+      raise FlagError(f'--labels has {len(labels)} entries but {flag} has {len(saved_models)}; '
+                      'give one label per model.')
+  else:
+    labels = [default_label(p) for p in saved_models]
+  if len(set(labels)) != len(labels):
+    raise FlagError(f'--labels: duplicate labels {labels}; pass distinct --labels.')
+  return {label: export.load_serving(path, flag) for label, path in zip(labels, saved_models)}
+
+
+def spectrum(fn: Any, dataset: Iterable, max_examples: Optional[int] = None) -> np.ndarray:
+  return analysis.singular_values(analysis.representation_covariance(fn, dataset, max_examples))
+
+
+def _write_spectra_csv(path: str, spectra: Mapping[str, np.ndarray]) -> str:
+  rows = max(sv.size for sv in spectra.values())
+  with open(path, 'w', newline='') as f:
+    writer = csv.writer(f)
+    writer.writerow(['index', *spectra])
+    for i in range(rows):
+      writer.writerow([i + 1, *(repr(float(sv[i])) if i < sv.size else '' for sv in spectra.values())])
+  return path
+
+
+def analyze(models: Mapping[str, tuple[Any, dict]], dataset: Iterable, output_dir: str, *,
+            local: Optional[tuple[Any, dict]] = None, global_: Optional[tuple[Any, dict]] = None,
+            log10_tau: float = analysis.DEFAULT_LOG10_TAU, top: int = analysis.DEFAULT_TOP,
+            gap_k: int = analysis.DEFAULT_TOP, max_examples: Optional[int] = None,
+            settings: Optional[Mapping[str, Any]] = None) -> dict[str, str]:
+  """Computes the spectra and writes the files; returns {kind: path} of what was written."""
+  if not models and local is None:
+    raise FlagError('--saved_model: nothing to analyse; give --saved_model and/or the '
+                    '--local_saved_model/--global_saved_model pair.')
+  if (local is None) != (global_ is None):
+    raise FlagError('--local_saved_model/--global_saved_model must be given together.')
+  if top < 1:
+    raise FlagError(f'--top must be positive; got {top}.')
+  if gap_k < 1:
+    raise FlagError(f'--gap_k must be positive; got {gap_k}.')
+  os.makedirs(output_dir, exist_ok=True)
+  written = {}
+  summary: dict[str, Any] = {'settings': dict(settings or {}), 'runs': {}}
+  summary['settings'].update({'log10_tau': log10_tau, 'top': top, 'max_examples': max_examples})
+
+  spectra = {}
+  for label, (fn, meta) in models.items():
+    stats = analysis.representation_stats(fn, dataset, max_examples)
+    sv = analysis.singular_values(stats.covariance())
+    spectra[label] = sv
+    summary['runs'][label] = dict(analysis.spectrum_summary(sv, log10_tau, top),
+                                  examples=stats.count, metadata=_public(meta))
+  if spectra:
+    written['spectra_csv'] = _write_spectra_csv(os.path.join(output_dir, 'spectra.csv'), spectra)
+    written['spectra_png'] = plots.plot_spectra(spectra, os.path.join(output_dir, 'spectra.png'),
+                                                top=top)
+
+  if local is not None:
+    sv_local = spectrum(local[0], dataset, max_examples)
+    sv_global = spectrum(global_[0], dataset, max_examples)
+    k = min(gap_k, sv_local.size, sv_global.size)
+    r = analysis.local_global_gap(sv_local, sv_global, k=k)
+    summary['local_global'] = {
+        'k': k,
+        'R': r,
+        'R_normalized': analysis.local_global_gap(sv_local, sv_global, k=k, normalize=True),
+        'rel_floor': analysis.DEFAULT_GAP_REL_FLOOR,
+        'local': dict(analysis.spectrum_summary(sv_local, log10_tau, top), metadata=_public(local[1])),
+        'global': dict(analysis.spectrum_summary(sv_global, log10_tau, top),
+                       metadata=_public(global_[1])),
+    }
+    written['local_global_csv'] = _write_spectra_csv(
+        os.path.join(output_dir, 'local_global.csv'), {'local': sv_local, 'global': sv_global})
+    written['local_vs_global_png'] = plots.plot_local_vs_global(
+        sv_local, sv_global, os.path.join(output_dir, 'local_vs_global.png'), r, top=top)
+
+  path = os.path.join(output_dir, 'summary.json')
+  with open(path, 'w') as f:
+    json.dump(summary, f, indent=2, sort_keys=True)
+  written['summary_json'] = path
+  return written
+
+
+def _public(meta: Mapping[str, Any]) -> dict:
+  return {k: v for k, v in meta.items() if not k.startswith('_')}
+
+
+def check_against_task(entries: Sequence[tuple[str, tuple[Any, dict]]], task: Any) -> None:
+  """Refuses models whose input shape or class count differ from the task's (SavedModelError)."""
+  for flag, (fn, meta) in entries:
+    export.check_compatible(fn, meta, task.num_classes, task.input_shape, task.name, flag)
+
+
+def _get_task(name: Optional[str]):
+  if not name:
+    raise FlagError('--task is required (a name from tasks.registry, e.g. --task=cifar10).')
+  from tasks import registry  # pylint: disable=g-import-not-at-top  # Only needed by the CLI.
+  try:
+    return registry.get(name)
+  except (KeyError, ValueError) as e:
+    raise FlagError(f'--task={name}: {e}') from e
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  try:
+    if not _OUTPUT_DIR.value:
+      raise FlagError('--output_dir is required (where the CSV, JSON and PNG files go).')
+    if bool(_LOCAL.value) != bool(_GLOBAL.value):
+      raise FlagError('--local_saved_model/--global_saved_model must be given together.')
+    models = load_models(_split(_SAVED_MODEL.value), _split(_LABELS.value))
+    local = export.load_serving(_LOCAL.value, '--local_saved_model') if _LOCAL.value else None
+    global_ = export.load_serving(_GLOBAL.value, '--global_saved_model') if _GLOBAL.value else None
+    if not models and local is None:
+      raise FlagError('--saved_model is required (or the --local_saved_model/'
+                      '--global_saved_model pair).')
+    if _BATCH_SIZE.value < 1:
+      raise FlagError(f'--batch_size must be positive; got {_BATCH_SIZE.value}.')
+    if _MAX_EXAMPLES.value < 0:
+      raise FlagError(f'--max_examples must be >= 0 (0 = all); got {_MAX_EXAMPLES.value}.')
+    task = _get_task(_TASK.value)
+    check_against_task(
+        [('--saved_model', m) for m in models.values()] +
+        [(f, m) for f, m in (('--local_saved_model', local), ('--global_saved_model', global_)) if m],
+        task)
+    dataset = task.test_dataset(_DATA_DIR.value, _BATCH_SIZE.value)
+    written = analyze(
+        models, dataset, _OUTPUT_DIR.value, local=local, global_=global_,
+        log10_tau=_LOG10_TAU.value, top=_TOP.value, gap_k=_GAP_K.value,
+        max_examples=_MAX_EXAMPLES.value or None,
+        settings={'task': task.name, 'data_dir': _DATA_DIR.value,
+                  'saved_model': _split(_SAVED_MODEL.value),
+                  'local_saved_model': _LOCAL.value, 'global_saved_model': _GLOBAL.value})
+  except (FlagError, export.SavedModelError) as e:
+    print(f'analyze: error: {e}', file=sys.stderr)
+    sys.exit(2)
+  with open(written['summary_json']) as f:
+    summary = json.load(f)
+  for label, run in summary['runs'].items():
+    print(f"{label}: effective_rank={run['effective_rank']:.2f} "
+          f"num_significant(normalized)={run['num_significant_normalized']} "
+          f"num_significant(absolute)={run['num_significant_absolute']} of {run['dim']}")
+  if 'local_global' in summary:
+    print(f"local vs global: R={summary['local_global']['R']:.4g} (K={summary['local_global']['k']})")
+  for kind, path in written.items():
+    print(f'wrote {kind}: {path}')
+
+
+if __name__ == '__main__':
+  app.run(main)
