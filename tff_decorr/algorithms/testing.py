@@ -93,3 +93,33 @@ def tiny_decomposed_model(seed: int = 0) -> tf.keras.Model:
       NUM_CLASSES, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed + 2),
       name='head')(rep)
   return tf.keras.Model(inputs, {'representation': rep, 'logits': logits})
+
+
+def feddecorr_reference_form(beta: float = 0.1):
+  """FedDecorr per REFERENCE-NOTES §1, used by tests only until/unless tff_decorr.regularizers
+  provides it (tests prefer `regularizers.get('feddecorr', beta=...)` when that module exists)."""
+
+  def fn(representation, logits):
+    del logits
+    z = tf.cast(representation, tf.float32)
+    n = tf.shape(z)[0]
+    nf = tf.cast(n, tf.float32)
+    z = z - tf.reduce_mean(z, axis=0, keepdims=True)
+    var = tf.reduce_sum(tf.square(z), axis=0, keepdims=True) / tf.maximum(nf - 1.0, 1.0)
+    z = z / tf.sqrt(var + 1e-8)
+    k = tf.matmul(z, z, transpose_a=True)
+    d = tf.cast(tf.shape(k)[0], tf.float32)
+    off = tf.reduce_sum(tf.square(k)) - tf.reduce_sum(tf.square(tf.linalg.diag_part(k)))
+    loss = off / (d * (d - 1.0)) / nf
+    return tf.where(n > 1, beta * loss, 0.0)
+
+  return fn
+
+
+def feddecorr(beta: float = 0.1):
+  """The project's FedDecorr regulariser if tff_decorr.regularizers exists, else the above."""
+  try:
+    from tff_decorr import regularizers  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return feddecorr_reference_form(beta)
+  return regularizers.get('feddecorr', beta=beta)
