@@ -102,12 +102,14 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
   Args:
     runtime: object with `initialize()` and `run_round(server_state, client_inputs, client_states)`.
     algorithm: gives `global_weights(server_state)` and `initial_client_state(weights)`.
-    store: the per-client state store (`tff_decorr.client_state`).
+    store: the per-client state store (`tff_decorr.client_state.ClientStateStore`); its manifest
+      is saved beside each checkpoint so a resumed run sees exactly that round's client states.
     evaluate_fn: (global weights, round) -> dict of test metrics (e.g. 'test_accuracy').
     export_fn: (global weights, directory) -> writes a SavedModel there.
   """
-  ckpt = tff.program.FileProgramStateManager(os.path.join(output_dir, 'checkpoints'),
-                                             prefix='round_', keep_total=2)
+  ckpt_dir = os.path.join(output_dir, 'checkpoints')
+  ckpt = tff.program.FileProgramStateManager(ckpt_dir, prefix='round_', keep_total=2)
+  manifest = lambda r: os.path.join(ckpt_dir, f'client_states_{r}.json')
   initial_state = runtime.initialize()
   structure = {'round': 0, 'server_state': initial_state, 'best_accuracy': 0.0,
                'best_round': 0, 'last_accuracy': -1.0}
@@ -123,9 +125,12 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
     log(f'Starting a new run in {output_dir}')
   else:
     state = saved
-    store.restore(int(state['round']))
+    try:
+      store.load_manifest(manifest(int(state['round'])))
+    except (OSError, ValueError) as e:
+      raise CheckpointError(f'the client states of the checkpoint in {ckpt_dir} are incomplete '
+                            f'({e}); use another --output_dir (nothing was changed).') from e
     log(f'Resuming {output_dir} after round {int(state["round"])}')
-  initial_weights = algorithm.global_weights(initial_state)
   metrics_io = Metrics(output_dir)
   start_round = int(state['round']) + 1
   server_state = state['server_state']
@@ -135,10 +140,10 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
     t0 = time.perf_counter()
     clients = sample_clients(loop.num_clients, loop.clients_per_round, loop.seed, round_num)
     client_inputs = [(str(c), client_seed(loop.seed, round_num, c)) for c in clients]
-    client_states = store.load(clients, lambda: algorithm.initial_client_state(initial_weights))
+    ids = [cid for cid, _ in client_inputs]
     server_state, new_states, train_metrics = runtime.run_round(server_state, client_inputs,
-                                                                client_states)
-    store.save(clients, new_states, round_num)
+                                                                store.load_many(ids))
+    store.save_many(ids, new_states, round_num)
     round_time = time.perf_counter() - t0
     values = summarize_train_metrics(train_metrics)
     values['round_time_s'] = round_time
@@ -161,9 +166,13 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
     state = {'round': round_num, 'server_state': server_state,
              'best_accuracy': float(state['best_accuracy']), 'best_round': int(state['best_round']),
              'last_accuracy': float(state['last_accuracy'])}
-    asyncio.run(ckpt.save(state, round_num))
-    store.commit(round_num)
-    times.append(round_time if round_num > start_round or len(times) else round_time)
+    store.save_manifest(manifest(round_num), prune=False)
+    asyncio.run(ckpt.save(state, round_num))  # The commit point of the round.
+    store.save_manifest(manifest(round_num), prune=True)
+    stale = manifest(round_num - 2)
+    if os.path.exists(stale):
+      os.remove(stale)
+    times.append(round_time)
     steady = times[1:] or times
     eta = (loop.rounds - round_num) * float(np.median(steady))
     line = (f'round {round_num}/{loop.rounds}  clients {len(clients)}  '

@@ -1,0 +1,131 @@
+r"""Evaluates an exported global model on a task's test split.
+
+  bazel run //bin:evaluate -- --saved_model=runs/<run>/export/saved_model --task=digits
+  .venv/bin/python -m bin.evaluate --saved_model=runs/<run> --task=cifar10 --data_dir=/data/tfds
+
+Prints top-1 accuracy and per-class accuracy, writes a confusion-matrix PNG and a JSON report. Given
+a FedBN run directory, also reports each client's accuracy with that client's own BatchNorm state, as
+the FedBN paper does. A SavedModel whose input or output size does not match the task is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('saved_model', None, 'A SavedModel directory, or a run directory of bin/train.')
+flags.DEFINE_string('task', None, 'Task whose test split to use (default: the task the model was '
+                    'trained on, from its metadata).')
+flags.DEFINE_string('data_dir', None, 'TFDS data dir.')
+flags.DEFINE_string('output_dir', None, 'Where to write evaluation.json and confusion_matrix.png '
+                    '(default: <saved_model>/../evaluation).')
+flags.DEFINE_integer('batch_size', 256, 'Evaluation batch size.')
+
+
+def _user_path(path):
+  if not path:
+    return path
+  path = os.path.expanduser(path)
+  if os.path.isabs(path):
+    return path
+  return os.path.abspath(os.path.join(os.environ.get('BUILD_WORKING_DIRECTORY', os.getcwd()),
+                                      path))
+
+
+def evaluate_saved_model(saved_model: str, task_name, data_dir, batch_size: int,
+                         output_dir=None) -> dict:
+  """Evaluates; returns the report dict (also written to output_dir). Raises ValueError on misuse."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr import export  # pylint: disable=g-import-not-at-top
+  from tff_decorr import plots  # pylint: disable=g-import-not-at-top
+
+  run_root = saved_model if os.path.isdir(os.path.join(saved_model, 'export')) else None
+  fn, meta = export.load_serving(saved_model)
+  task_name = task_name or meta.get('task')
+  if not task_name:
+    raise ValueError('--task: the SavedModel has no task metadata; name the task it was trained on.')
+  if task_name not in task_registry.names():
+    raise ValueError(f'--task: unknown task {task_name!r}; choose one of '
+                     f'{", ".join(task_registry.names())}.')
+  task = task_registry.get(task_name)
+  export.check_compatible(fn, meta, task.num_classes, task.input_shape, task_name)
+  conf = np.zeros((task.num_classes, task.num_classes), np.int64)
+  for images, labels in task.test_dataset(data_dir, batch_size):
+    logits = fn(images=images)['logits']
+    pred = tf.argmax(logits, -1, output_type=tf.int32)
+    conf += tf.math.confusion_matrix(tf.cast(labels, tf.int32), pred,
+                                     num_classes=task.num_classes, dtype=tf.int64).numpy()
+  n = int(conf.sum())
+  per_class = (np.diag(conf) / np.maximum(conf.sum(1), 1)).tolist()
+  report = {'saved_model': saved_model, 'task': task_name, 'test_examples': n,
+            'test_accuracy': float(np.trace(conf) / max(n, 1)),
+            'per_class_accuracy': per_class, 'confusion_matrix': conf.tolist()}
+  if run_root is not None:
+    per_client = _fedbn_per_client(run_root, task, data_dir, batch_size)
+    if per_client is not None:
+      report['per_client_accuracy'] = per_client
+      report['mean_client_accuracy'] = float(np.mean(list(per_client.values())))
+  if output_dir is None:
+    base = run_root or os.path.dirname(os.path.abspath(saved_model.rstrip(os.sep)))
+    output_dir = os.path.join(base, 'evaluation')
+  os.makedirs(output_dir, exist_ok=True)
+  png = plots.plot_confusion_matrix(conf, os.path.join(output_dir, 'confusion_matrix.png'),
+                                    title=f'{task_name}: accuracy {report["test_accuracy"]:.4f}')
+  report['confusion_matrix_png'] = png
+  with open(os.path.join(output_dir, 'evaluation.json'), 'w') as f:
+    json.dump(report, f, indent=2)
+  report['output_dir'] = output_dir
+  return report
+
+
+def _fedbn_per_client(run_root, task, data_dir, batch_size):
+  """Per-client accuracy with each client's own BN state, for a FedBN run; None otherwise."""
+  cfg_path = os.path.join(run_root, 'config.json')
+  if not os.path.exists(cfg_path):
+    return None
+  with open(cfg_path) as f:
+    cfg = json.load(f)
+  if cfg.get('algorithm') != 'fedbn':
+    return None
+  from tff_decorr import fedbn_eval  # pylint: disable=g-import-not-at-top
+  return fedbn_eval.per_client_accuracy(run_root, cfg, task, data_dir, batch_size)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments {argv[1:]}')
+  if not FLAGS.saved_model:
+    print('evaluate: error: --saved_model is required (a SavedModel or a run directory).',
+          file=sys.stderr)
+    return 2
+  from tff_decorr import export  # pylint: disable=g-import-not-at-top
+  try:
+    report = evaluate_saved_model(_user_path(FLAGS.saved_model), FLAGS.task,
+                                  _user_path(FLAGS.data_dir), FLAGS.batch_size,
+                                  _user_path(FLAGS.output_dir))
+  except (ValueError, FileNotFoundError, export.SavedModelError) as e:
+    print(f'evaluate: error: {e}', file=sys.stderr)
+    return 2
+  print(f'task {report["task"]}: top-1 accuracy {report["test_accuracy"]:.4f} on '
+        f'{report["test_examples"]} test examples')
+  print('per-class accuracy: ' + ' '.join(f'{i}:{a:.3f}' for i, a in
+                                          enumerate(report['per_class_accuracy'])))
+  if 'per_client_accuracy' in report:
+    print('FedBN per-client accuracy (own BN state): ' + ' '.join(
+        f'{k}:{v:.3f}' for k, v in report['per_client_accuracy'].items()) +
+          f'  mean {report["mean_client_accuracy"]:.4f}')
+  print(f'wrote {report["output_dir"]}/evaluation.json and {report["confusion_matrix_png"]}')
+  return 0
+
+
+if __name__ == '__main__':
+  app.run(main)

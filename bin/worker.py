@@ -1,0 +1,65 @@
+r"""Serves a TFF executor worker (TFF's own C++ `worker_binary`) on a port, for remote simulations.
+
+  bazel run //bin:worker -- --port=8000          # on each worker machine
+  bazel run //bin:train -- --workers=hostA:8000,hostB:8000 ...
+
+The worker runs in the foreground until Ctrl-C or SIGTERM; it never outlives this process (it is
+killed by the kernel if this process dies). Its output goes to --log (default: stderr of this
+process). What crosses the network: serialized TFF computations and values (model weights, client
+ids and seeds, client states); each worker builds its clients' datasets itself from --cache_dir
+shards, so the client data directory must be readable on every worker at the same path.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer('port', 8000, 'Port to serve on.')
+flags.DEFINE_integer('max_concurrent_computation_calls', -1, 'Concurrent computations (-1: any).')
+flags.DEFINE_string('log', None, 'Worker log file (default: a file in the temp dir, printed).')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments {argv[1:]}')
+  if not 0 < FLAGS.port < 65536:
+    print(f'worker: error: --port={FLAGS.port} is not a TCP port (1-65535).', file=sys.stderr)
+    return 2
+  from tff_decorr import tff_context  # pylint: disable=g-import-not-at-top
+  if not tff_context.port_is_free(FLAGS.port):
+    print(f'worker: error: --port={FLAGS.port} is already in use; choose another port.',
+          file=sys.stderr)
+    return 2
+  worker = tff_context.WorkerProcess(port=FLAGS.port,
+                                     max_concurrent_computation_calls=
+                                     FLAGS.max_concurrent_computation_calls,
+                                     log_path=FLAGS.log)
+  print(f'TFF worker serving on port {FLAGS.port} (pid {worker.process.pid}); log: '
+        f'{worker.log_path}', flush=True)
+  stop = {'now': False}
+
+  def _stop(signum, frame):
+    del signum, frame
+    stop['now'] = True
+  signal.signal(signal.SIGTERM, _stop)
+  signal.signal(signal.SIGINT, _stop)
+  while not stop['now'] and worker.alive():
+    time.sleep(0.2)
+  code = worker.process.poll()
+  worker.stop()
+  if code is not None and not stop['now']:
+    print(f'worker: the TFF worker exited with code {code}; see {worker.log_path}',
+          file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == '__main__':
+  app.run(main)
