@@ -1,0 +1,249 @@
+"""Representation regularisers: FedDecorr, FedUV, DeCov; and the registry the training code uses.
+
+Every loss here is a pure TensorFlow function of one batch. They are written so that one trace
+serves every batch size (the batch dimension may be unknown, `None`, and the last batch of an epoch
+is smaller): the batch size is read with `tf.shape`, degenerate batches (N == 1, constant columns)
+are handled with `tf.where` / safe division instead of Python branches, and nothing produces a
+data-dependent shape, so every function also compiles under `tf.function(jit_compile=True)`.
+Gradients are finite for N == 1 and for constant columns.
+
+The training loop never branches on a regulariser's name: it calls `get(name, ...)` once and then
+`regularizer(representation, logits)`, which already includes the coefficient(s).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, Tuple
+
+import tensorflow as tf
+
+# The FedDecorr reference adds this inside the square root of the variance (REFERENCE-NOTES §1).
+FEDDECORR_EPS = 1e-8
+
+
+def _as_float(x: tf.Tensor) -> tf.Tensor:
+  x = tf.convert_to_tensor(x)
+  if x.dtype not in (tf.float32, tf.float64):
+    x = tf.cast(x, tf.float32)
+  return x
+
+
+def _check_rank2(x: tf.Tensor, what: str) -> None:
+  if x.shape.rank is not None and x.shape.rank != 2:
+    raise ValueError(f'{what} must be a [batch, features] matrix, got shape {x.shape}.')
+
+
+def _standardize(z: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+  """Columns centred on the batch mean and divided by sqrt(unbiased var + 1e-8); also returns N.
+
+  For N == 1 the unbiased variance is undefined; the centred column is exactly 0 there, so any
+  finite divisor gives the same (zero) result: we divide the sum of squares by max(N - 1, 1).
+  A constant column has var = 0 and is divided by sqrt(1e-8): finite value and gradient.
+  """
+  n = tf.cast(tf.shape(z)[0], z.dtype)
+  zc = z - tf.reduce_mean(z, axis=0, keepdims=True)
+  var = tf.reduce_sum(tf.square(zc), axis=0, keepdims=True) / tf.maximum(n - 1.0, 1.0)
+  return zc * tf.math.rsqrt(var + FEDDECORR_EPS), n
+
+
+def _off_diagonal_sq_sum(k: tf.Tensor) -> tf.Tensor:
+  """Sum of the squared off-diagonal entries, computed without subtracting the (large) diagonal."""
+  off = tf.linalg.set_diag(k, tf.zeros_like(tf.linalg.diag_part(k)))
+  return tf.reduce_sum(tf.square(off))
+
+
+def feddecorr_loss(z: tf.Tensor) -> tf.Tensor:
+  """FedDecorr exactly as the PyTorch reference computes it (REFERENCE-NOTES §1).
+
+  z: [N, d] representations. With N the actual batch size:
+  standardise each column (centre, divide by sqrt(unbiased var + 1e-8)); K = z^T z (no 1/N);
+  loss = mean over the d(d-1) off-diagonal entries of K^2, divided by N; 0 when N == 1.
+  Equivalently ((N-1)^2 / N) * mean_{i!=j} R_ij^2 with R the Pearson correlation matrix.
+  Gradients flow through the batch mean and variance. d == 1 has no off-diagonal entry: 0.
+  """
+  z = _as_float(z)
+  _check_rank2(z, 'feddecorr_loss: z')
+  zs, n = _standardize(z)
+  k = tf.matmul(zs, zs, transpose_a=True)
+  d = tf.cast(tf.shape(z)[1], z.dtype)
+  loss = tf.math.divide_no_nan(_off_diagonal_sq_sum(k), d * (d - 1.0) * n)
+  return tf.where(n > 1.0, loss, tf.zeros_like(loss))
+
+
+def feddecorr_loss_paper(z: tf.Tensor) -> tf.Tensor:
+  """FedDecorr as the paper writes it: (1/d^2) ||K||_F^2, K = (1/N) z^T z.
+
+  z is standardised exactly as in `feddecorr_loss` (centred, divided by sqrt(unbiased var + 1e-8)),
+  so the two forms differ only in normalisation and in the paper's form including the diagonal:
+  with R the correlation matrix (R_ii ~ 1) and S = ||R||_F^2,
+    paper     = ((N-1)/N)^2 * S / d^2
+    reference = ((N-1)^2/N) * (S - d) / (d (d-1))
+    reference / paper = N d (S - d) / ((d-1) S),
+  which is about N when the off-diagonal mass dominates (S >> d) and N d / (N + d - 2) for i.i.d.
+  features (61x at N = 64, d = 1280). The paper's form is therefore about N times smaller, and the
+  coefficient beta = 0.1 of the papers' experiments is calibrated for `feddecorr_loss`.
+  0 when N == 1.
+  """
+  z = _as_float(z)
+  _check_rank2(z, 'feddecorr_loss_paper: z')
+  zs, n = _standardize(z)
+  k = tf.matmul(zs, zs, transpose_a=True) / n
+  d = tf.cast(tf.shape(z)[1], z.dtype)
+  loss = tf.reduce_sum(tf.square(k)) / (d * d)
+  return tf.where(n > 1.0, loss, tf.zeros_like(loss))
+
+
+def _lower_median(values: tf.Tensor, valid: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+  """torch.median of values[valid] (the lower middle value for an even count), static shapes.
+
+  Returns (median, count). Invalid entries are pushed to +inf and sorted last; the median is the
+  element at index (count - 1) // 2 of the ascending order, so the gradient flows to that element
+  only, as in PyTorch. count == 0 gives median 1 (never used by the callers).
+  """
+  flat = tf.reshape(values, [-1])
+  flat_valid = tf.reshape(valid, [-1])
+  big = tf.constant(float('inf'), flat.dtype)
+  # Ascending order through top_k of the negation (top_k has XLA support and a gradient).
+  neg_sorted, _ = tf.math.top_k(-tf.where(flat_valid, flat, big), k=tf.size(flat))
+  count = tf.reduce_sum(tf.cast(flat_valid, tf.int32))
+  idx = tf.maximum((count - 1) // 2, 0)
+  med = -tf.gather(neg_sorted, idx)
+  safe = tf.where(count > 0, med, tf.ones_like(med))
+  return safe, count
+
+
+def uniformity_loss(z: tf.Tensor) -> tf.Tensor:
+  """FedUV's uniformity term as its official code computes it (REFERENCE-NOTES §7).
+
+  z: [N, d], the input of the final classifier (not L2-normalised). Over pairs i < j:
+  dist_ij = ||z_i - z_j||^2 (from differences, so identical rows give exactly 0 as torch.pdist);
+  sigma = median of the non-zero dist (lower middle value; the gradient flows through it);
+  loss = mean_{i<j} exp(-dist_ij / sigma). N < 2 (no pair): 0. All distances 0: every term is
+  exp(0) = 1 whatever sigma, so sigma = 1 is used and the loss is 1 with zero gradient.
+  Memory is O(N^2 d) for the differences (64 x 64 x 1280 floats = 21 MB at FedUV's batch size).
+  """
+  z = _as_float(z)
+  _check_rank2(z, 'uniformity_loss: z')
+  n = tf.shape(z)[0]
+  diff = z[:, None, :] - z[None, :, :]
+  dist = tf.reduce_sum(tf.square(diff), axis=-1)
+  pairs = tf.linalg.band_part(tf.ones([n, n], tf.bool), 0, -1)  # i <= j
+  pairs = tf.logical_and(pairs, tf.logical_not(tf.eye(n, dtype=tf.bool)))  # i < j
+  sigma, _ = _lower_median(dist, tf.logical_and(pairs, dist > 0))
+  num_pairs = tf.reduce_sum(tf.cast(pairs, z.dtype))
+  terms = tf.where(pairs, tf.exp(-dist / sigma), tf.zeros_like(dist))
+  loss = tf.math.divide_no_nan(tf.reduce_sum(terms), num_pairs)
+  return loss
+
+
+def _safe_sqrt(x: tf.Tensor) -> tf.Tensor:
+  """sqrt with value 0 and gradient 0 at x == 0 (the true gradient there is infinite)."""
+  positive = x > 0
+  return tf.where(positive, tf.sqrt(tf.where(positive, x, tf.ones_like(x))), tf.zeros_like(x))
+
+
+def variance_loss(logits: tf.Tensor) -> tf.Tensor:
+  """FedUV's variance term (REFERENCE-NOTES §7).
+
+  P = softmax(logits) [N, C]; s_k = unbiased standard deviation of column k over the batch;
+  gamma = 1/sqrt(C) (the unbiased std of each column of the C x C identity, i.e. of a batch of
+  perfectly spread one-hot predictions); loss = mean_k relu(gamma - s_k).
+  N == 1 (unbiased std undefined): 0. A column with zero variance contributes gamma with a zero
+  gradient through its std (sqrt has an infinite slope at 0; we use 0 there instead of NaN).
+  """
+  logits = _as_float(logits)
+  _check_rank2(logits, 'variance_loss: logits')
+  p = tf.nn.softmax(logits, axis=-1)
+  n = tf.cast(tf.shape(p)[0], p.dtype)
+  c = tf.cast(tf.shape(p)[1], p.dtype)
+  pc = p - tf.reduce_mean(p, axis=0, keepdims=True)
+  var = tf.reduce_sum(tf.square(pc), axis=0) / tf.maximum(n - 1.0, 1.0)
+  std = _safe_sqrt(var)
+  gamma = tf.math.rsqrt(c)
+  loss = tf.reduce_mean(tf.nn.relu(gamma - std))
+  return tf.where(n > 1.0, loss, tf.zeros_like(loss))
+
+
+def decov_loss(z: tf.Tensor) -> tf.Tensor:
+  """DeCov (Cogswell et al. 2016): 0.5 * (||C||_F^2 - ||diag C||_2^2).
+
+  C = (1/N) sum_i (z_i - mean)(z_i - mean)^T, the covariance over the batch with the 1/N of
+  Cogswell et al. (not 1/(N-1)). N == 1 gives C = 0 and loss 0.
+  """
+  z = _as_float(z)
+  _check_rank2(z, 'decov_loss: z')
+  n = tf.cast(tf.shape(z)[0], z.dtype)
+  zc = z - tf.reduce_mean(z, axis=0, keepdims=True)
+  cov = tf.matmul(zc, zc, transpose_a=True) / n
+  return 0.5 * _off_diagonal_sq_sum(cov)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry.
+
+
+@dataclasses.dataclass(frozen=True)
+class Regularizer:
+  """A regulariser ready for the client loss: `reg(representation, logits)` returns a float32
+  scalar already multiplied by its coefficient(s). `coefficients` maps the flag name (without
+  dashes) to its value, e.g. {'beta': 0.1}; it is empty for 'none'."""
+  name: str
+  coefficients: Dict[str, float]
+  fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+
+  def __call__(self, representation: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    return tf.cast(self.fn(representation, logits), tf.float32)
+
+
+def _none(beta, lam, mu):
+  del beta, lam, mu
+  return {}, lambda representation, logits: tf.constant(0.0, tf.float32)
+
+
+def _feddecorr(beta, lam, mu):
+  del lam, mu
+  return {'beta': beta}, lambda representation, logits: beta * feddecorr_loss(representation)
+
+
+def _feduv(beta, lam, mu):
+  del beta
+
+  def fn(representation, logits):
+    return lam * variance_loss(logits) + mu * uniformity_loss(representation)
+
+  return {'feduv_lambda': lam, 'feduv_mu': mu}, fn
+
+
+def _decov(beta, lam, mu):
+  del lam, mu
+  return {'beta': beta}, lambda representation, logits: beta * decov_loss(representation)
+
+
+_REGISTRY = {
+    'none': _none,
+    'feddecorr': _feddecorr,
+    'feduv': _feduv,
+    'decov': _decov,
+}
+
+
+def names() -> Tuple[str, ...]:
+  return tuple(_REGISTRY)
+
+
+def get(name: str, beta: float = 0.1, lam: float = 2.5, mu: float = 0.5) -> Regularizer:
+  """The regulariser `name` with its coefficients.
+
+  beta: FedDecorr coefficient (also used for DeCov); lam / mu: FedUV's variance (lambda) and
+  uniformity (mu) coefficients, defaults those of FedUV's code. Coefficients a regulariser does not
+  use are ignored, so callers can always pass all of them.
+  """
+  if name not in _REGISTRY:
+    raise ValueError(f'--regularizer: unknown regularizer {name!r}; choose one of '
+                     f'{", ".join(names())}.')
+  for flag, value in (('beta', beta), ('feduv_lambda', lam), ('feduv_mu', mu)):
+    if not value >= 0:  # Also rejects NaN.
+      raise ValueError(f'--{flag}: must be >= 0, got {value}.')
+  coefficients, fn = _REGISTRY[name](float(beta), float(lam), float(mu))
+  return Regularizer(name=name, coefficients=coefficients, fn=fn)
