@@ -1,0 +1,142 @@
+"""Building blocks shared by the model builders.
+
+Conventions (see docs/models.md):
+- BatchNormalization uses PyTorch's defaults: torch momentum 0.1 == Keras momentum 0.9, eps 1e-5.
+- Convolutions take PyTorch-style integer padding. Stride-1 convs with padding k // 2 use Keras
+  'same' (identical); otherwise the input is zero-padded explicitly and the conv is 'valid', so a
+  stride-2 conv pads symmetrically as PyTorch does (Keras 'same' would pad only bottom/right).
+- Initialisation: Keras defaults (Glorot-uniform kernels, zero biases, BN gamma 1 / beta 0), not
+  PyTorch's (Kaiming-uniform with a=sqrt(5), or Kaiming-normal in the reference's CIFAR ResNets).
+- No Keras kernel regularizers: weight decay is applied by the client update (DESIGN.md).
+- Every model returns {'representation': [N, d], 'logits': [N, num_classes]}.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from tff_decorr.models import decomposed as decomposed_lib
+
+BN_MOMENTUM = 0.9  # == torch.nn.BatchNorm momentum 0.1
+BN_EPSILON = 1e-5
+
+
+def batch_norm(name: Optional[str] = None) -> tf.keras.layers.BatchNormalization:
+  return tf.keras.layers.BatchNormalization(momentum=BN_MOMENTUM, epsilon=BN_EPSILON, name=name)
+
+
+def check_common_args(num_classes, input_shape, projection_dim, decomposed, num_atoms
+                      ) -> Tuple[int, Tuple[int, int, int], Optional[int], bool, Optional[int]]:
+  """Validates the arguments every builder takes; errors name the flag/argument and the fix."""
+  if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or \
+      num_classes < 1:
+    raise ValueError(f'num_classes must be an integer >= 1, got {num_classes!r}.')
+  try:
+    shape = tuple(int(s) for s in input_shape)
+  except (TypeError, ValueError):
+    raise ValueError(f'input_shape must be (height, width, channels), got {input_shape!r}.'
+                     ) from None
+  if len(shape) != 3 or min(shape) < 1:
+    raise ValueError(f'input_shape must be (height, width, channels) of positive integers, got '
+                     f'{input_shape!r}.')
+  if projection_dim is not None and (not isinstance(projection_dim, (int, np.integer)) or
+                                     projection_dim < 0):
+    raise ValueError(f'--projection_dim: must be an integer >= 0 (0: no projection head), got '
+                     f'{projection_dim!r}.')
+  if num_atoms is not None and num_atoms != 0:
+    if not decomposed:
+      raise ValueError('--num_atoms: only meaningful with --decomposed; add --decomposed or drop '
+                       '--num_atoms.')
+    if not isinstance(num_atoms, (int, np.integer)) or num_atoms < 1:
+      raise ValueError(f'--num_atoms: must be an integer >= 1 (0: k*k), got {num_atoms!r}.')
+  return (int(num_classes), shape, int(projection_dim) if projection_dim else None,
+          bool(decomposed), int(num_atoms) if num_atoms else None)
+
+
+class Convs:
+  """Creates the k x k convolutions of a model: plain Conv2D, or DecomposedConv2D when
+  `decomposed` and k > 1. 1x1 convs and depthwise convs are never decomposed."""
+
+  def __init__(self, decomposed: bool = False, num_atoms: Optional[int] = None):
+    self.decomposed = decomposed
+    self.num_atoms = num_atoms
+
+  def conv(self, x, filters: int, kernel_size: int, strides: int = 1, padding: int = 0,
+           use_bias: bool = False, name: Optional[str] = None):
+    x, keras_padding = _pad(x, kernel_size, strides, padding, name)
+    if self.decomposed and kernel_size > 1:
+      layer = decomposed_lib.DecomposedConv2D(filters, kernel_size, strides=strides,
+                                              padding=keras_padding, use_bias=use_bias,
+                                              num_atoms=self.num_atoms, name=name)
+    else:
+      layer = tf.keras.layers.Conv2D(filters, kernel_size, strides=strides,
+                                     padding=keras_padding, use_bias=use_bias, name=name)
+    return layer(x)
+
+  def depthwise(self, x, kernel_size: int, strides: int = 1, padding: int = 0,
+                use_bias: bool = False, name: Optional[str] = None):
+    x, keras_padding = _pad(x, kernel_size, strides, padding, name)
+    return tf.keras.layers.DepthwiseConv2D(kernel_size, strides=strides, padding=keras_padding,
+                                           use_bias=use_bias, name=name)(x)
+
+
+def _pad(x, kernel_size, strides, padding, name):
+  if padding == 0:
+    return x, 'valid'
+  if strides == 1 and padding == kernel_size // 2 and kernel_size % 2 == 1:
+    return x, 'same'
+  pad_name = f'{name}_pad' if name else None
+  return tf.keras.layers.ZeroPadding2D(padding, name=pad_name)(x), 'valid'
+
+
+def head(pooled, num_classes: int, projection_dim: Optional[int]):
+  """Classifier on the pooled features; with `projection_dim` (MOON) the representation is the
+  output of a two-layer projection head pooled -> Dense(pooled_dim) ReLU -> Dense(projection_dim),
+  and the classifier reads it. Returns (representation, logits)."""
+  rep = pooled
+  if projection_dim:
+    width = int(pooled.shape[-1])
+    rep = tf.keras.layers.Dense(width, activation='relu', name='projection_hidden')(rep)
+    rep = tf.keras.layers.Dense(projection_dim, name='projection')(rep)
+  logits = tf.keras.layers.Dense(num_classes, name='classifier')(rep)
+  return rep, logits
+
+
+def make_model(inputs, representation, logits, name: str) -> tf.keras.Model:
+  return tf.keras.Model(inputs, {'representation': representation, 'logits': logits}, name=name)
+
+
+class AdaptiveAveragePooling2D(tf.keras.layers.Layer):
+  """torch.nn.AdaptiveAvgPool2d for a static input size: output cell (i, j) averages input rows
+  floor(i H / h) .. ceil((i + 1) H / h) - 1 (and likewise columns), as PyTorch does; an output
+  larger than the input repeats input cells. Implemented as two averaging matrices."""
+
+  def __init__(self, output_size: Sequence[int], **kwargs):
+    super().__init__(**kwargs)
+    self.output_size = tuple(int(s) for s in output_size)
+
+  @staticmethod
+  def _matrix(n_in: int, n_out: int) -> np.ndarray:
+    m = np.zeros((n_out, n_in), np.float32)
+    for i in range(n_out):
+      start = (i * n_in) // n_out
+      end = -((-(i + 1) * n_in) // n_out)  # ceil
+      m[i, start:end] = 1.0 / (end - start)
+    return m
+
+  def build(self, input_shape):
+    h, w = int(input_shape[1]), int(input_shape[2])
+    self._ph = tf.constant(self._matrix(h, self.output_size[0]))
+    self._pw = tf.constant(self._matrix(w, self.output_size[1]))
+    super().build(input_shape)
+
+  def call(self, x):
+    return tf.einsum('nhwc,ih,jw->nijc', x, tf.cast(self._ph, x.dtype), tf.cast(self._pw, x.dtype))
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(output_size=self.output_size)
+    return config

@@ -1,0 +1,38 @@
+"""A small CNN for quick experiments and the embedded default task (8x8x1 digits, 32x32x3).
+
+conv 3x3 (width) + BN + ReLU; max-pool 2x2; conv 3x3 (2 width) + ReLU; global average pooling;
+Dense(representation_dim) + ReLU = the representation; linear classifier. The one
+BatchNormalization layer exercises the BN paths (BN-statistics averaging, FedBN). Both 3x3 convs
+are decomposed with decomposed=True. Works for any input of at least 2x2.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import tensorflow as tf
+
+from tff_decorr.models import common
+
+
+def small_cnn(num_classes: int, input_shape: Sequence[int], projection_dim: Optional[int] = None,
+              decomposed: bool = False, num_atoms: Optional[int] = None, width: int = 32,
+              representation_dim: int = 64) -> tf.keras.Model:
+  num_classes, input_shape, projection_dim, decomposed, num_atoms = common.check_common_args(
+      num_classes, input_shape, projection_dim, decomposed, num_atoms)
+  for arg, v in (('width', width), ('representation_dim', representation_dim)):
+    if not isinstance(v, int) or v < 1:
+      raise ValueError(f'{arg} must be an integer >= 1, got {v!r}.')
+  if min(input_shape[:2]) < 2:
+    raise ValueError(f'input_shape {input_shape}: small_cnn needs images of at least 2x2.')
+  convs = common.Convs(decomposed, num_atoms)
+  inputs = tf.keras.Input(input_shape, name='images')
+  x = convs.conv(inputs, width, 3, padding=1, use_bias=False, name='conv1')
+  x = tf.keras.layers.ReLU(name='relu1')(common.batch_norm('bn1')(x))
+  x = tf.keras.layers.MaxPool2D(2, name='pool1')(x)
+  x = convs.conv(x, 2 * width, 3, padding=1, use_bias=True, name='conv2')
+  x = tf.keras.layers.ReLU(name='relu2')(x)
+  x = tf.keras.layers.GlobalAveragePooling2D(name='pool')(x)
+  x = tf.keras.layers.Dense(representation_dim, activation='relu', name='fc')(x)
+  rep, logits = common.head(x, num_classes, projection_dim)
+  return common.make_model(inputs, rep, logits, 'small_cnn')
