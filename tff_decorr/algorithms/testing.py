@@ -56,11 +56,13 @@ def make_client_dataset_fn(data, batch_size: int = 4, shuffle: bool = False):
     starts, sizes = tf.constant(all_starts), tf.constant(all_sizes)
     i = tf.strings.to_number(client_id, tf.int64)
     start, size = starts[i], sizes[i]
-    ds = tf.data.Dataset.from_tensor_slices(
-        (images[start:start + size], labels[start:start + size]))
+    x, y = images[start:start + size], labels[start:start + size]
     if shuffle:
-      ds = ds.shuffle(64, seed=seed, reshuffle_each_iteration=True)
-    return ds.batch(batch_size)
+      # Stateless: the order depends on (seed, client) only, never on a global/graph seed, so the
+      # TFF runtime (graph in the worker) and the TF runtime (eager) see the same order.
+      perm = tf.argsort(tf.random.stateless_uniform(tf.reshape(size, [1]), seed=tf.stack([seed, i])))
+      x, y = tf.gather(x, perm), tf.gather(y, perm)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
 
   return fn
 
