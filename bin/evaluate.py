@@ -16,8 +16,13 @@ import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+# TensorFlow must be imported before absl's app.run: imported for the first time inside main(),
+# Keras 2.14 builds functional models from graph tensors and fails ("SymbolicTensor ... node").
+import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('saved_model', None, 'A SavedModel directory, or a run directory of bin/train.')
@@ -100,7 +105,15 @@ def _fedbn_per_client(run_root, task, data_dir, batch_size):
   return fedbn_eval.per_client_accuracy(run_root, cfg, task, data_dir, batch_size)
 
 
+def _quiet() -> None:
+  # TF's SavedModel writer logs every asset at INFO; keep the progress lines readable.
+  if not FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+  tf.get_logger().setLevel('ERROR')
+
+
 def main(argv):
+  _quiet()
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   if not FLAGS.saved_model:

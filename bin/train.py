@@ -28,6 +28,10 @@ from absl import logging
 # Keep TF's C++ start-up chatter out of the progress output unless the user asks for it.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+# TensorFlow must be imported before absl's app.run: imported for the first time inside main(),
+# Keras 2.14 builds functional models from graph tensors and fails ("SymbolicTensor ... node").
+import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
+
 FLAGS = flags.FLAGS
 _T = 'task default'
 
@@ -198,7 +202,15 @@ def train_one(config, log=print) -> dict:
   return summary
 
 
+def _quiet() -> None:
+  # TF's SavedModel writer logs every asset at INFO; keep the progress lines readable.
+  if not FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+  tf.get_logger().setLevel('ERROR')
+
+
 def main(argv):
+  _quiet()
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; flags are --name=value.')
   try:

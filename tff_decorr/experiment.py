@@ -86,9 +86,9 @@ def validate(c: Config) -> None:
     bad('task', f'unknown task {c.task!r}; choose one of {", ".join(task_registry.names())}.')
   if c.model and c.model not in models.names():
     bad('model', f'unknown model {c.model!r}; choose one of {", ".join(models.names())}.')
-  if c.algorithm not in algorithms.names():
+  if c.algorithm not in algorithms.NAMES:
     bad('algorithm', f'unknown algorithm {c.algorithm!r}; choose one of '
-        f'{", ".join(algorithms.names())}.')
+        f'{", ".join(algorithms.NAMES)}.')
   if c.regularizer not in regularizers.names():
     bad('regularizer', f'unknown regularizer {c.regularizer!r}; choose one of '
         f'{", ".join(regularizers.names())}.')
@@ -144,7 +144,9 @@ class Experiment:
     self._model_kwargs = model_kwargs
     self.regularizer = regularizers.get(c.regularizer, beta=c.beta, lam=c.feduv_lambda,
                                         mu=c.feduv_mu)
-    client_config = ClientConfig(local_epochs=int(c.local_epochs), lr=float(c.client_lr),
+    # Local epochs live in the client dataset (tasks.client_data): each epoch's order is a stateless
+    # function of (seed, epoch), identical in both runtimes, so the update loop makes one pass.
+    client_config = ClientConfig(local_epochs=1, lr=float(c.client_lr),
                                  momentum=float(c.momentum), weight_decay=float(c.weight_decay))
     tf.keras.utils.set_random_seed(c.seed)  # The initial global model depends only on the seed.
     self.algorithm = algorithms.build(c.algorithm, self.model_fn, client_config, self.regularizer,
@@ -187,7 +189,8 @@ class Experiment:
     self.partition = parts
     self.train_labels = labels
     self.shard_dir = shard_dir
-    self.client_dataset_fn = self.task.client_dataset_fn(shard_dir, batch_size=c.batch_size)
+    self.client_dataset_fn = self.task.client_dataset_fn(shard_dir, batch_size=c.batch_size,
+                                                         epochs=int(c.local_epochs))
     return parts
 
   def test_dataset(self, batch_size: int = 256) -> tf.data.Dataset:
@@ -205,7 +208,7 @@ class Experiment:
     log_path = os.path.join(output_dir, 'tff_worker.log') if output_dir else None
     tff_context.install(max_concurrent_computation_calls=c.max_concurrent_computation_calls,
                         log_path=log_path, workers=workers)
-    return tff_runtime.TffRuntime(self.algorithm, self.client_dataset_fn)
+    return TffProcessRuntime(self.algorithm, self.client_dataset_fn)
 
   # ---- evaluation / export ----
   def evaluator(self) -> export.Evaluator:
@@ -217,9 +220,28 @@ class Experiment:
         'algorithm': self.config.algorithm, 'regularizer': self.config.regularizer})
 
 
+class TffProcessRuntime:
+  """Drives the algorithm's TFF IterativeProcess with the same interface as the TF runtime."""
+
+  def __init__(self, algorithm, client_dataset_fn):
+    from tff_decorr.runtimes import tff_runtime  # pylint: disable=g-import-not-at-top
+    self.algorithm = algorithm
+    self.process = tff_runtime.build_process(algorithm, client_dataset_fn)
+
+  def initialize(self):
+    # The same initial state as the TF runtime, so checkpoints move between runtimes.
+    return self.algorithm.initial_server_state(self.algorithm.initial_weights())
+
+  def run_round(self, server_state, client_inputs, client_states):
+    inputs = [(str(cid), np.int64(seed)) for cid, seed in client_inputs]
+    state, new_states, metrics = self.process.next(server_state, inputs, list(client_states))
+    to_np = lambda x: tf.nest.map_structure(np.asarray, x)
+    return to_np(state), [to_np(s) for s in new_states], to_np(metrics)
+
+
 def algorithm_hparams(c: Config) -> dict:
   """The hyper-parameters algorithm `c.algorithm` takes (each algorithm names its own)."""
-  cls = algorithms.algorithm_class(c.algorithm)
+  cls = algorithms._REGISTRY[c.algorithm]  # pylint: disable=protected-access
   offered = {'mu': c.mu, 'temperature': c.temperature, 'server_lr': c.server_lr,
              'server_momentum': c.server_momentum, 'form': c.fedavgm_form,
              'num_clients': c.num_clients, 'coefficient_period': c.coefficient_period}

@@ -1,0 +1,78 @@
+"""What a task is: a dataset with its splits, preprocessing, default model and the paper's settings.
+
+A task decodes a split once into uint8 arrays (`load_split`); the program partitions the train
+split and writes client shards (tasks.client_data); clients then read their shard inside whichever
+runtime executes them. Evaluation reads the test split in the Python process (`test_dataset`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from tasks import augment as augment_lib
+from tasks import client_data
+
+
+class DatasetNotFoundError(FileNotFoundError):
+  """A dataset is not prepared where the user pointed; the message says how to prepare it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  name: str
+  num_classes: int
+  input_shape: Tuple[int, int, int]
+  default_model: str
+  default_partition: str
+  defaults: Mapping[str, object]
+  mean: Sequence[float]
+  std: Sequence[float]
+  augmentation: str = 'none'
+  description: str = ''
+  domains: Tuple[str, ...] = ()
+
+  # ---- data ----
+  def load_split(self, split: str, data_dir: Optional[str]):
+    """(images uint8 [N, H, W, C], labels int64 [N], domain ids int64 [N] or None)."""
+    raise NotImplementedError
+
+  def preprocess(self, image: tf.Tensor) -> tf.Tensor:
+    """uint8 image -> normalised float32 (the model's input, also at test time)."""
+    x = tf.cast(image, tf.float32) / 255.0
+    return (x - tf.constant(self.mean, tf.float32)) / tf.constant(self.std, tf.float32)
+
+  def client_dataset_fn(self, shard_dir: str, batch_size: int, epochs: int = 1,
+                        drop_remainder: bool = False, train: bool = True):
+    """fn(client_id, seed) -> batched, augmented (train) dataset of that client; TF ops only."""
+    aug = augment_lib.AUGMENTATIONS[self.augmentation] if train else None
+    return client_data.make_client_dataset_fn(shard_dir, self.input_shape, batch_size,
+                                              self.preprocess, aug, epochs, drop_remainder)
+
+  def test_dataset(self, data_dir: Optional[str], batch_size: int = 256) -> tf.data.Dataset:
+    """The test split, preprocessed without augmentation, batched (evaluation, analysis)."""
+    images, labels, _ = self._cached_split('test', data_dir)
+    ds = tf.data.Dataset.from_tensor_slices((images, labels.astype(np.int32)))
+    return ds.batch(batch_size).map(lambda x, y: (self.preprocess(x), y))
+
+  def domain_test_datasets(self, data_dir: Optional[str], batch_size: int = 256) -> dict:
+    """{domain id: test dataset} for domain tasks (FedBN per-client evaluation); {} otherwise."""
+    images, labels, domains = self._cached_split('test', data_dir)
+    if domains is None:
+      return {}
+    out = {}
+    for d in np.unique(domains):
+      m = domains == d
+      ds = tf.data.Dataset.from_tensor_slices((images[m], labels[m].astype(np.int32)))
+      out[int(d)] = ds.batch(batch_size).map(lambda x, y: (self.preprocess(x), y))
+    return out
+
+  def _cached_split(self, split, data_dir):
+    cache = self.__dict__.setdefault('_split_cache', {})
+    key = (split, data_dir)
+    if key not in cache:
+      cache[key] = self.load_split(split, data_dir)
+    return cache[key]

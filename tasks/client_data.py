@@ -1,0 +1,133 @@
+"""Client data as files: one TFRecord shard per client, and the per-client dataset built from them.
+
+Why files: inside TFF's C++ runtime a client's dataset must be built from its client id, reading
+files (REFERENCE-NOTES §8: in-memory datasets are serialized into the computation, capped at 100 MB
+and re-sent every round). The train split is decoded once, partitioned, and each client's examples
+are written once to `<dir>/<client id>.tfrecord` (raw uint8 pixels + label). Memory therefore does
+not grow with the number of clients, and 1,000 clients cost 1,000 small files.
+
+Why not tf.data's `shuffle`: its seed is combined with the *global* seed, which is the process's
+seed in the eager (tf) runtime but TF's default graph seed inside TFF's traced computations, so the
+two runtimes would shuffle differently. Here every epoch's order and every augmentation draw are
+stateless functions of (round seed, epoch, position), identical wherever the graph runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+MANIFEST = 'manifest.json'
+_FEATURES = {
+    'image': tf.io.FixedLenFeature([], tf.string),
+    'label': tf.io.FixedLenFeature([], tf.int64),
+}
+
+
+def content_hash(images: np.ndarray, labels: np.ndarray, parts: Sequence[np.ndarray]) -> str:
+  h = hashlib.sha256()
+  h.update(str((images.shape, str(images.dtype))).encode())
+  h.update(np.ascontiguousarray(images).data)
+  h.update(np.ascontiguousarray(labels, np.int64).data)
+  for p in parts:
+    h.update(np.asarray(p, np.int64).tobytes())
+    h.update(b'|')
+  return h.hexdigest()
+
+
+def write_client_shards(images: np.ndarray, labels: np.ndarray, parts: Sequence[np.ndarray],
+                        directory: str) -> str:
+  """Writes one shard per client (ids '0'..'n-1'); skipped when `directory` already holds them.
+
+  Atomic: shards go to a temporary sibling directory, the manifest is written last, and the
+  directory is renamed into place, so an interrupted write never leaves a partial shard set.
+  """
+  if images.dtype != np.uint8:
+    raise ValueError(f'images must be uint8 (decoded pixels), got {images.dtype}.')
+  if len(images) != len(labels):
+    raise ValueError(f'{len(images)} images but {len(labels)} labels.')
+  digest = content_hash(images, labels, parts)
+  manifest_path = os.path.join(directory, MANIFEST)
+  if os.path.exists(manifest_path):
+    with open(manifest_path) as f:
+      if json.load(f).get('content_hash') == digest:
+        return directory
+  tmp = f'{directory.rstrip(os.sep)}.tmp-{os.getpid()}'
+  if os.path.exists(tmp):
+    shutil.rmtree(tmp)
+  os.makedirs(tmp)
+  sizes = []
+  for cid, idx in enumerate(parts):
+    idx = np.asarray(idx, np.int64)
+    with tf.io.TFRecordWriter(os.path.join(tmp, f'{cid}.tfrecord')) as w:
+      for i in idx:
+        ex = tf.train.Example(features=tf.train.Features(feature={
+            'image': tf.train.Feature(bytes_list=tf.train.BytesList(value=[images[i].tobytes()])),
+            'label': tf.train.Feature(int64_list=tf.train.Int64List(value=[int(labels[i])])),
+        }))
+        w.write(ex.SerializeToString())
+    sizes.append(int(len(idx)))
+  with open(os.path.join(tmp, MANIFEST), 'w') as f:
+    json.dump({'content_hash': digest, 'num_clients': len(parts), 'sizes': sizes,
+               'image_shape': list(images.shape[1:])}, f)
+  if os.path.exists(directory):
+    old = f'{directory.rstrip(os.sep)}.old-{os.getpid()}'
+    os.replace(directory, old)
+    os.replace(tmp, directory)
+    shutil.rmtree(old, ignore_errors=True)
+  else:
+    os.makedirs(os.path.dirname(directory.rstrip(os.sep)) or '.', exist_ok=True)
+    os.replace(tmp, directory)
+  return directory
+
+
+def make_client_dataset_fn(shard_dir: str, image_shape: Sequence[int], batch_size: int,
+                           preprocess: Callable[[tf.Tensor], tf.Tensor],
+                           augment: Optional[Callable[[tf.Tensor, tf.Tensor], tf.Tensor]] = None,
+                           epochs: int = 1, drop_remainder: bool = False):
+  """Returns `fn(client_id: tf.string, seed: tf.int64) -> tf.data.Dataset` of batched
+  (float32 images, int32 labels), built from TF ops only (it is traced into TFF computations).
+
+  The dataset holds `epochs` passes over the client's examples, each in its own stateless random
+  order and batched separately (the last batch of an epoch may be smaller, like a PyTorch
+  DataLoader without drop_last), so iterating it once is the client's whole local training.
+  `augment(image_uint8, seed[2]) -> image_uint8` is applied with a per-example stateless seed.
+  """
+  if batch_size < 1:
+    raise ValueError(f'--batch_size must be >= 1, got {batch_size}.')
+  if epochs < 1:
+    raise ValueError(f'--local_epochs must be >= 1, got {epochs}.')
+  image_shape = [int(d) for d in image_shape]
+  shard_dir = os.path.abspath(shard_dir)
+
+  def parse(record):
+    ex = tf.io.parse_single_example(record, _FEATURES)
+    image = tf.reshape(tf.io.decode_raw(ex['image'], tf.uint8), image_shape)
+    return image, tf.cast(ex['label'], tf.int32)
+
+  def fn(client_id, seed):
+    path = tf.strings.join([shard_dir, '/', client_id, '.tfrecord'])
+    images, labels = tf.data.TFRecordDataset(path).map(parse).batch(1 << 30).get_single_element()
+    n = tf.shape(labels)[0]
+    seed = tf.cast(seed, tf.int64)
+
+    def one_epoch(epoch):
+      order = tf.argsort(tf.random.stateless_uniform([n], seed=tf.stack([seed, epoch])))
+      ds = tf.data.Dataset.from_tensor_slices(
+          (tf.gather(images, order), tf.gather(labels, order), tf.range(tf.cast(n, tf.int64))))
+
+      def prep(image, label, position):
+        if augment is not None:
+          image = augment(image, tf.stack([seed, (epoch + 1) * (1 << 32) + position]))
+        return preprocess(image), label
+      return ds.map(prep).batch(batch_size, drop_remainder=drop_remainder)
+
+    return tf.data.Dataset.range(epochs).flat_map(one_epoch)
+
+  return fn

@@ -1,0 +1,21 @@
+"""Tasks by name: `get('cifar10')`, `names()`."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+from tasks import base
+from tasks import digits
+from tasks import tfds_image
+
+_TASKS = {t.name: t for t in (digits.TASK, tfds_image.CIFAR10, tfds_image.CIFAR100)}
+
+
+def names() -> Tuple[str, ...]:
+  return tuple(_TASKS)
+
+
+def get(name: str) -> base.Task:
+  if name not in _TASKS:
+    raise ValueError(f'--task: unknown task {name!r}; choose one of {", ".join(_TASKS)}.')
+  return _TASKS[name]

@@ -1,0 +1,64 @@
+"""Image-classification tasks read from the TFDS catalog (CIFAR-10, CIFAR-100)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+
+from tasks import base
+
+
+@dataclasses.dataclass(frozen=True)
+class TfdsImageTask(base.Task):
+  tfds_name: str = ''
+  train_split: str = 'train'
+  test_split: str = 'test'
+
+  def load_split(self, split: str, data_dir: Optional[str]):
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    name = {'train': self.train_split, 'test': self.test_split}.get(split)
+    if name is None:
+      raise ValueError(f'unknown split {split!r}; use train or test.')
+    try:
+      builder = tfds.builder(self.tfds_name, data_dir=data_dir)
+    except Exception as e:  # tfds raises several types for a bad dir/name.
+      raise base.DatasetNotFoundError(self._missing_message(data_dir, e)) from e
+    if not builder.is_prepared():
+      raise base.DatasetNotFoundError(self._missing_message(data_dir))
+    images, labels = tfds.as_numpy(builder.as_dataset(split=name, batch_size=-1,
+                                                      as_supervised=True))
+    images = np.asarray(images, np.uint8)
+    if tuple(images.shape[1:]) != tuple(self.input_shape):
+      raise ValueError(f'{self.tfds_name} images have shape {images.shape[1:]}, expected '
+                       f'{self.input_shape}.')
+    return images, np.asarray(labels, np.int64), None
+
+  def _missing_message(self, data_dir, err=None):
+    where = data_dir or '~/tensorflow_datasets (the TFDS default)'
+    extra = f' ({type(err).__name__}: {err})' if err else ''
+    return (f'--data_dir: dataset {self.tfds_name} is not prepared in {where}{extra}. Prepare it '
+            f'on a machine with internet: `tfds build {self.tfds_name} --data_dir=DIR` (or '
+            f'`python -c "import tensorflow_datasets as tfds; tfds.load(\'{self.tfds_name}\', '
+            f'data_dir=\'DIR\')"`), copy DIR here and pass --data_dir=DIR.')
+
+
+CIFAR10 = TfdsImageTask(
+    name='cifar10', tfds_name='cifar10', num_classes=10, input_shape=(32, 32, 3),
+    default_model='mobilenet_v2_cifar', default_partition='dirichlet',
+    defaults=dict(rounds=100, local_epochs=10, client_lr=0.01, momentum=0.9, batch_size=64,
+                  weight_decay=1e-5, beta=0.1, alpha=0.05, num_clients=10, eval_every=1,
+                  server_momentum=0.9),
+    mean=(125.3 / 255, 123.0 / 255, 113.9 / 255), std=(63.0 / 255, 62.1 / 255, 66.7 / 255),
+    augmentation='crop_flip', description='CIFAR-10 (TFDS catalog)')
+
+CIFAR100 = TfdsImageTask(
+    name='cifar100', tfds_name='cifar100', num_classes=100, input_shape=(32, 32, 3),
+    default_model='mobilenet_v2_cifar', default_partition='dirichlet',
+    defaults=dict(rounds=100, local_epochs=10, client_lr=0.01, momentum=0.9, batch_size=64,
+                  weight_decay=1e-4, beta=0.1, alpha=0.05, num_clients=10, eval_every=1,
+                  server_momentum=0.5),
+    mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762),
+    # The paper adds AutoAugment (CIFAR policy) for CIFAR-100; not implemented yet (docs/tasks.md).
+    augmentation='crop_flip', description='CIFAR-100 (TFDS catalog)')

@@ -1,0 +1,158 @@
+"""Client partitions of a labelled dataset: Dirichlet (bit-exact with the reference), pathological,
+IID and domain. Each returns a list of int64 index arrays, one per client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import List, Sequence
+
+import numpy as np
+
+
+@contextlib.contextmanager
+def _legacy_global_rng(seed: int):
+  """Seeds NumPy's legacy global RNG for the block and restores the caller's state afterwards.
+
+  The reference (NIID-Bench's partition code, used by FedDecorr) draws from the *global* legacy RNG;
+  reproducing its splits bit for bit needs the same generator and the same sequence of calls, but
+  callers of this library must not see their global RNG state changed.
+  """
+  saved = np.random.get_state()
+  np.random.seed(seed)
+  try:
+    yield
+  finally:
+    np.random.set_state(saved)
+
+
+def _check_common(labels: np.ndarray, num_clients: int) -> None:
+  if labels.ndim != 1:
+    raise ValueError(f'labels must be a 1-D array, got shape {labels.shape}.')
+  if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
+    raise ValueError(f'--num_clients must be an integer >= 1, got {num_clients!r}.')
+  if num_clients > len(labels):
+    raise ValueError(f'--num_clients={num_clients} is more than the {len(labels)} examples; use '
+                     'fewer clients.')
+
+
+def dirichlet_partition(labels: Sequence[int], num_clients: int, alpha: float, seed: int = 0,
+                        min_size: int = 10, max_tries: int = 1000) -> List[np.ndarray]:
+  """Label-skewed split with per-class client proportions ~ Dir(alpha) ("noniid-labeldir").
+
+  Exactly the reference algorithm (REFERENCE-NOTES §3), so the same labels and seed give every
+  client exactly the examples it gets in the papers' code: seed the legacy global RNG; repeat until
+  every client holds >= min_size examples: for each class in order, shuffle its indices, draw
+  p ~ Dir(alpha * 1), zero p_j for clients already holding >= N / num_clients examples, renormalise,
+  cut at (cumsum(p) * n_k).astype(int)[:-1]; finally shuffle each client's list.
+  `alpha = inf` gives `iid_partition`. The global RNG state is restored afterwards.
+  """
+  labels = np.asarray(labels)
+  _check_common(labels, num_clients)
+  alpha = float(alpha)
+  if not alpha > 0 or math.isnan(alpha):
+    raise ValueError(f'--alpha must be > 0 (smaller is more heterogeneous; inf is IID), got {alpha}.')
+  if math.isinf(alpha):
+    return iid_partition(len(labels), num_clients, seed)
+  if min_size * num_clients > len(labels):
+    raise ValueError(f'--num_clients={num_clients}: every client needs at least {min_size} '
+                     f'examples but there are only {len(labels)}; use fewer clients.')
+  n = len(labels)
+  classes = np.unique(labels)
+  with _legacy_global_rng(seed):
+    for _ in range(max_tries):
+      idx_batch = [[] for _ in range(num_clients)]
+      for k in classes:
+        idx_k = np.where(labels == k)[0]
+        np.random.shuffle(idx_k)
+        p = np.random.dirichlet(np.repeat(alpha, num_clients))
+        p = np.array([pj * (len(idx_j) < n / num_clients) for pj, idx_j in zip(p, idx_batch)])
+        p = p / p.sum()
+        cuts = (np.cumsum(p) * len(idx_k)).astype(int)[:-1]
+        idx_batch = [idx_j + idx.tolist() for idx_j, idx in zip(idx_batch, np.split(idx_k, cuts))]
+      if min(len(b) for b in idx_batch) >= min_size:
+        break
+    else:
+      raise ValueError(
+          f'--alpha={alpha}: no Dirichlet draw in {max_tries} tries gave every one of '
+          f'{num_clients} clients at least {min_size} examples; use a larger --alpha or fewer '
+          '--num_clients.')
+    out = []
+    for b in idx_batch:
+      np.random.shuffle(b)
+      out.append(np.asarray(b, np.int64))
+  return out
+
+
+def pathological_partition(labels: Sequence[int], num_clients: int, classes_per_client: int,
+                           seed: int = 0) -> List[np.ndarray]:
+  """"#label k" split: client i holds class i mod C plus k-1 other distinct random classes; each
+  class's examples are shuffled and split evenly among the clients that hold it.
+
+  A class that no client drew (possible when num_clients * k < C) is left out of the federation;
+  the returned indices then do not cover it, and `unassigned_classes` reports which.
+  """
+  labels = np.asarray(labels)
+  _check_common(labels, num_clients)
+  classes = np.unique(labels)
+  c = len(classes)
+  if not isinstance(classes_per_client, (int, np.integer)) or not 1 <= classes_per_client <= c:
+    raise ValueError(f'--classes_per_client must be between 1 and the {c} classes, got '
+                     f'{classes_per_client!r}.')
+  rng = np.random.RandomState(seed)
+  holders = {int(k): [] for k in classes}
+  for i in range(num_clients):
+    own = int(classes[i % c])
+    others = [int(k) for k in classes if int(k) != own]
+    picked = [own] + [int(k) for k in rng.choice(others, classes_per_client - 1, replace=False)]
+    for k in picked:
+      holders[k].append(i)
+  parts = [[] for _ in range(num_clients)]
+  for k in classes:
+    idx = np.where(labels == k)[0]
+    rng.shuffle(idx)
+    owners = holders[int(k)]
+    for owner, chunk in zip(owners, np.array_split(idx, len(owners)) if owners else []):
+      parts[owner].extend(chunk.tolist())
+  out = []
+  for i, p in enumerate(parts):
+    if not p:
+      raise ValueError(f'--num_clients: client {i} received no examples (its classes have fewer '
+                       'examples than clients holding them); use fewer clients.')
+    p = np.asarray(p, np.int64)
+    rng.shuffle(p)
+    out.append(p)
+  return out
+
+
+def unassigned_classes(labels: Sequence[int], parts: Sequence[np.ndarray]) -> List[int]:
+  labels = np.asarray(labels)
+  held = set(np.unique(labels[np.concatenate(parts)]).tolist()) if parts else set()
+  return sorted(set(np.unique(labels).tolist()) - held)
+
+
+def iid_partition(num_examples: int, num_clients: int, seed: int = 0) -> List[np.ndarray]:
+  """A random permutation cut into num_clients near-equal parts."""
+  if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
+    raise ValueError(f'--num_clients must be an integer >= 1, got {num_clients!r}.')
+  if num_clients > num_examples:
+    raise ValueError(f'--num_clients={num_clients} is more than the {num_examples} examples; use '
+                     'fewer clients.')
+  perm = np.random.RandomState(seed).permutation(num_examples).astype(np.int64)
+  return [np.asarray(p, np.int64) for p in np.array_split(perm, num_clients)]
+
+
+def domain_partition(domain_ids: Sequence[int]) -> List[np.ndarray]:
+  """One client per domain, ordered by domain id; each client's indices in dataset order."""
+  domain_ids = np.asarray(domain_ids)
+  if domain_ids.ndim != 1 or len(domain_ids) == 0:
+    raise ValueError('domain_ids must be a non-empty 1-D array.')
+  return [np.where(domain_ids == d)[0].astype(np.int64) for d in np.unique(domain_ids)]
+
+
+def class_count_matrix(labels: Sequence[int], parts: Sequence[np.ndarray],
+                       num_classes: int) -> np.ndarray:
+  """[num_clients, num_classes] example counts."""
+  labels = np.asarray(labels)
+  return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts]).astype(np.int64)
