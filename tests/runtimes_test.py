@@ -56,11 +56,12 @@ class RuntimesTest(tf.test.TestCase, parameterized.TestCase):
 
   def _run_both(self, alg, rounds, shuffle=False, seed=0):
     fn = testing.make_client_dataset_fn(DATA, shuffle=shuffle)
-    process = tff_runtime.build_process(alg, fn)
+    tff_rt = tff_runtime.TffRuntime(alg, fn)
+    process = tff_rt.process
     runtime = tf_runtime.TfRuntime(alg, fn)
     init_c = alg.initial_client_state(alg.initial_weights())
     results = []
-    for run_round, state in ((process.next, process.initialize()),
+    for run_round, state in ((tff_rt.run_round, tff_rt.initialize()),
                              (runtime.run_round, runtime.initialize())):
       states = {c: init_c for c in '0123'}
       for r, clients in enumerate(rounds):

@@ -32,13 +32,23 @@ _REGISTRY = {
 NAMES = tuple(_REGISTRY)
 
 
+def names() -> tuple:
+  return NAMES
+
+
+def algorithm_class(name: str) -> type:
+  """The class of algorithm `name` (its __init__ signature names the hyper-parameters it takes)."""
+  if name not in _REGISTRY:
+    raise ValueError(f'--algorithm={name!r} is unknown; choose one of {", ".join(NAMES)}.')
+  return _REGISTRY[name]
+
+
 def build(name: str, model_fn: Callable, config: ClientConfig = ClientConfig(),
           regularizer: Optional[Callable] = None, **hparams) -> base.Algorithm:
   """Builds algorithm `name`. hparams: fedprox mu; fedavgm server_momentum, form, server_lr;
   moon mu, temperature; scaffold num_clients, server_lr; fedavg_decomposed coefficient_period."""
-  if name not in _REGISTRY:
-    raise ValueError(f'--algorithm={name!r} is unknown; choose one of {", ".join(NAMES)}.')
+  cls = algorithm_class(name)
   try:
-    return _REGISTRY[name](model_fn, config, regularizer, **hparams)
+    return cls(model_fn, config, regularizer, **hparams)
   except TypeError as e:
     raise ValueError(f'Bad hyper-parameters for --algorithm={name}: {e}') from e

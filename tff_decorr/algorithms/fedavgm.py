@@ -4,8 +4,8 @@ delta = avg_i(y_i) - x (example-weighted average of the whole state, as FedAvg),
 - form='reference' (the FedDecorr reference code): m <- b*m + (1-b)*delta;  x <- x + m
   (an exponential moving average of the updates; equals server SGD with momentum b and
   learning rate 1-b);
-- form='sgdm' (TFF's server optimizer `sgdm`):    m <- b*m + delta;        x <- x + server_lr*m.
-They differ: with server_lr=1 the sgdm form takes steps about 1/(1-b) times larger.
+- form='tff' (TFF's server optimizer `sgdm`; alias 'sgdm'): m <- b*m + delta; x <- x + server_lr*m.
+They differ: with server_lr=1 the 'tff' form takes steps about 1/(1-b) times larger.
 The momentum covers the whole state (BN statistics included), as the reference's state_dict does.
 """
 
@@ -16,7 +16,8 @@ import tensorflow as tf
 
 from tff_decorr.algorithms import base, fedavg
 
-FORMS = ('reference', 'sgdm')
+FORMS = ('reference', 'tff')
+_ALIASES = {'sgdm': 'tff'}
 
 
 class FedAvgM(fedavg.FedAvg):
@@ -24,6 +25,7 @@ class FedAvgM(fedavg.FedAvg):
 
   def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None,
                server_momentum: float = 0.9, form: str = 'reference', server_lr: float = 1.0):
+    form = _ALIASES.get(form, form)
     if form not in FORMS:
       raise ValueError(f'form must be one of {FORMS}, got {form!r}.')
     if not 0 <= server_momentum < 1:
@@ -31,7 +33,8 @@ class FedAvgM(fedavg.FedAvg):
     if not server_lr > 0:
       raise ValueError(f'server_lr must be > 0, got {server_lr!r}.')
     if form == 'reference' and server_lr != 1.0:
-      raise ValueError("server_lr applies only to form='sgdm'; the reference form has none.")
+      raise ValueError("server_lr applies only to the fedavgm form 'tff'; the reference form has "
+                       "none (use server_lr=1 or --fedavgm_form=tff).")
     super().__init__(model_fn, config, regularizer)
     self.server_momentum = float(server_momentum)
     self.form = form

@@ -96,3 +96,33 @@ def build_process(algorithm: base.Algorithm,
 
   process = tff.templates.IterativeProcess(initialize, next_fn)
   return process
+
+
+class TffRuntime:
+  """The IterativeProcess behind the same interface as tf_runtime.TfRuntime (for the program).
+
+  `initialize()` and `run_round(server_state, client_inputs, client_states)` call the process's
+  `initialize` and `next` in TFF's default context (install tff_decorr.tff_context first).
+  """
+
+  def __init__(self, algorithm: base.Algorithm,
+               client_dataset_fn: Callable[[tf.Tensor, tf.Tensor], tf.data.Dataset],
+               initial_weights: Optional[Sequence[np.ndarray]] = None):
+    self.algorithm = algorithm
+    self.process = build_process(algorithm, client_dataset_fn, initial_weights)
+
+  def initialize(self, initial_weights: Optional[Sequence[np.ndarray]] = None):
+    if initial_weights is not None:  # The process's own initial state is baked in at build time.
+      return self.algorithm.initial_server_state(initial_weights)
+    return self.process.initialize()
+
+  def run_round(self, server_state, client_inputs, client_states):
+    if len(client_inputs) != len(client_states):
+      raise ValueError(f'client_states has {len(client_states)} entries but client_inputs has '
+                       f'{len(client_inputs)}; pass one state per sampled client.')
+    if not client_inputs:
+      raise ValueError('client_inputs is empty: sample at least one client per round.')
+    inputs = [(str(c), int(s)) for c, s in client_inputs]
+    new_state, new_client_states, metrics = self.process.next(server_state, inputs,
+                                                              list(client_states))
+    return new_state, list(new_client_states), metrics
