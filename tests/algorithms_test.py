@@ -113,7 +113,7 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
       x = [xi + mi for xi, mi in zip(x, m)]
       assert_lists_close(self, state['weights'], x, atol=1e-5)
       assert_lists_close(self, state['momentum'], m, atol=1e-5)
-    # The TFF-style form ('tff'): m = b m + delta, x += server_lr m; differs from the reference form.
+    # The TFF-style form ('tff'): m = b m + delta, x += server_lr m; not the reference form.
     sgdm = algorithms.build('fedavgm', testing.tiny_model, CFG, server_momentum=b, form='tff',
                             server_lr=0.7)
     s1 = run(sgdm, sgdm.initial_server_state(self.x0), clients)[0]

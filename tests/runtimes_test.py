@@ -50,8 +50,10 @@ class RuntimesTest(tf.test.TestCase, parameterized.TestCase):
   def tearDownClass(cls):
     pids = tff_context.worker_pids()
     tff_context.stop_all()
-    for pid in pids:  # every worker this test started is gone
-      assert not os.path.exists(f'/proc/{pid}') or open(f'/proc/{pid}/stat').read().split()[2] == 'Z'
+    for pid in pids:  # every worker this test started is gone (or a zombie being reaped)
+      if os.path.exists(f'/proc/{pid}'):
+        with open(f'/proc/{pid}/stat') as f:
+          assert f.read().split()[2] == 'Z', f'worker_binary {pid} still running'
     super().tearDownClass()
 
   def _run_both(self, alg, rounds, shuffle=False, seed=0):

@@ -2,14 +2,14 @@
 
 An algorithm is written once, as TensorFlow code over explicit nested structures of tensors:
 - `initial_server_state(weights)`, `initial_client_state(weights)`: NumPy structures. Stateless
-  algorithms use `NO_CLIENT_STATE`, a scalar int32 zero (a TFF value needs a type; an empty struct is
-  awkward to place at CLIENTS), passed through unchanged;
+  algorithms use `NO_CLIENT_STATE`, a scalar int32 zero (a TFF value needs a type; an empty
+  struct is awkward to place at CLIENTS), passed through unchanged;
 - `broadcast(server_state)`: what each sampled client receives (TF ops);
 - `make_client_step(workspace)` -> tf.function (broadcast, dataset, client_state) -> ClientOutput;
 - `server_step(server_state, summed_contribution, summed_weight)` -> new server state (TF ops).
 The runtimes aggregate by a plain SUM of contributions and of weights (`tff.federated_sum` in TFF,
-`tf.add_n` in-process); each client multiplies its contribution by its own aggregation weight, so the
-weighting of every algorithm is visible in its own code.
+`tf.add_n` in-process); each client multiplies its contribution by its own aggregation weight, so
+the weighting of every algorithm is visible in its own code.
 """
 
 from __future__ import annotations

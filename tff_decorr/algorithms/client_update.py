@@ -13,7 +13,8 @@ values evaluates badly (REFERENCE-NOTES §5, §8).
 SGD is written by hand because it must equal PyTorch's `SGD(lr, momentum, weight_decay)` that the
 reference uses: coupled L2 (`g += wd * w`, on every trainable variable, BN gamma/beta included),
 `buf = momentum * buf + g`, `w -= lr * buf`. TFF's `sgdm` has no weight decay, and Keras' weight
-decay is decoupled (applied to the weights, not folded into the momentum buffer), so neither matches.
+decay is decoupled (applied to the weights, not folded into the momentum buffer): neither
+matches.
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ def make_client_dataset_fn(data, batch_size: int = 4, shuffle: bool = False):
     if shuffle:
       # Stateless: the order depends on (seed, client) only, never on a global/graph seed, so the
       # TFF runtime (graph in the worker) and the TF runtime (eager) see the same order.
-      perm = tf.argsort(tf.random.stateless_uniform(tf.reshape(size, [1]), seed=tf.stack([seed, i])))
+      noise = tf.random.stateless_uniform(tf.reshape(size, [1]), seed=tf.stack([seed, i]))
+      perm = tf.argsort(noise)
       x, y = tf.gather(x, perm), tf.gather(y, perm)
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
 
