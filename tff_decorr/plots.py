@@ -87,3 +87,37 @@ def plot_local_vs_global(sv_local: Any, sv_global: Any, path: str, r_value: floa
   ax.text(0.03, 0.04, f'R = {float(r_value):.4g}', transform=ax.transAxes, ha='left', va='bottom',
           bbox={'boxstyle': 'round', 'facecolor': 'white', 'alpha': 0.8})
   return _save(fig, path)
+
+
+def plot_count_matrix(counts: Any, path: str, title: Optional[str] = None,
+                      xlabel: str = 'class', ylabel: str = 'client',
+                      row_normalize: bool = False) -> str:
+  """A heatmap of an integer matrix (confusion matrix; clients x classes counts)."""
+  counts = np.asarray(counts, dtype=np.float64)
+  if counts.ndim != 2 or counts.size == 0:
+    raise ValueError(f'counts must be a non-empty 2-D array; got shape {counts.shape}.')
+  shown = counts / np.maximum(counts.sum(1, keepdims=True), 1) if row_normalize else counts
+  rows, cols = counts.shape
+  fig = Figure(figsize=(min(2 + 0.35 * cols, 16), min(1.5 + 0.3 * rows, 16)))
+  ax = fig.add_subplot(1, 1, 1)
+  im = ax.imshow(shown, aspect='auto', cmap='viridis', interpolation='nearest')
+  fig.colorbar(im, ax=ax, label='fraction of row' if row_normalize else 'count')
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  if cols <= 40:
+    ax.set_xticks(range(cols))
+  if rows <= 40:
+    ax.set_yticks(range(rows))
+  if rows * cols <= 400:
+    for i in range(rows):
+      for j in range(cols):
+        ax.text(j, i, f'{int(counts[i, j])}', ha='center', va='center', fontsize=6,
+                color='white' if shown[i, j] < 0.5 * shown.max() else 'black')
+  if title:
+    ax.set_title(title)
+  return _save(fig, path)
+
+
+def plot_confusion_matrix(conf: Any, path: str, title: Optional[str] = None) -> str:
+  return plot_count_matrix(conf, path, title=title, xlabel='predicted class',
+                           ylabel='true class', row_normalize=True)

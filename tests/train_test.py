@@ -1,0 +1,157 @@
+"""End-to-end tests of bin/train and bin/evaluate on the embedded digits task (subprocesses)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import absltest
+import numpy as np
+import tensorflow as tf
+
+from tests import testutil
+
+_TINY = ['--task=digits', '--num_clients=4', '--local_epochs=1', '--batch_size=64',
+         '--regularizer=feddecorr', '--seed=3']
+
+
+def _python():
+  return testutil.PYTHON if os.path.exists(testutil.PYTHON) else sys.executable
+
+
+def _final_outputs(run_dir):
+  """Logits of the exported global model on fixed inputs (a fingerprint of its weights)."""
+  loaded = tf.saved_model.load(os.path.join(run_dir, 'export', 'saved_model'))
+  x = tf.constant(np.random.RandomState(0).normal(size=(16, 8, 8, 1)), tf.float32)
+  return loaded.signatures['serving_default'](images=x)['logits'].numpy()
+
+
+class TrainTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tmp = tempfile.mkdtemp()
+    cls.cache = os.path.join(cls.tmp, 'cache')
+    # The uninterrupted reference run: 3 rounds with the in-process runtime.
+    cls.ref_dir = os.path.join(cls.tmp, 'ref')
+    cls.ref = cls.train(['--runtime=tf', '--rounds=3', f'--output_dir={cls.ref_dir}'])
+
+  @classmethod
+  def train(cls, args, check=True):
+    proc = testutil.run_module('bin.train', *_TINY, f'--cache_dir={cls.cache}', *args)
+    if check and proc.returncode != 0:
+      raise AssertionError(f'train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n'
+                           f'{proc.stderr[-3000:]}')
+    return proc
+
+  def test_reference_run_writes_all_outputs(self):
+    for name in ('config.json', 'metrics.csv', 'summary.json', 'export/saved_model/saved_model.pb',
+                 'tensorboard'):
+      self.assertTrue(os.path.exists(os.path.join(self.ref_dir, name)), name)
+    with open(os.path.join(self.ref_dir, 'summary.json')) as f:
+      summary = json.load(f)
+    self.assertEqual(summary['final_round'], 3)
+    self.assertBetween(summary['final_test_accuracy'], 0.0, 1.0)
+    self.assertGreaterEqual(summary['best_test_accuracy'], summary['final_test_accuracy'])
+    with open(os.path.join(self.ref_dir, 'metrics.csv')) as f:
+      rows = f.read().strip().splitlines()
+    self.assertLen(rows, 4)  # Header + 3 rounds.
+    self.assertIn('train_regularizer', rows[0])
+    self.assertIn('round 3/3', self.ref.stdout)
+    self.assertIn('ETA', self.ref.stdout)
+
+  def test_killed_run_resumes_to_the_same_result(self):
+    out = os.path.join(self.tmp, 'killed')
+    cmd = [_python(), '-m', 'bin.train', *_TINY, f'--cache_dir={self.cache}', '--runtime=tf',
+           '--rounds=3', f'--output_dir={out}']
+    proc = subprocess.Popen(cmd, cwd=testutil.REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    for line in proc.stdout:
+      if line.startswith('round 1/3'):
+        proc.send_signal(signal.SIGKILL)  # Somewhere in round 2.
+        break
+    proc.wait(timeout=60)
+    self.assertFalse(os.path.exists(os.path.join(out, 'summary.json')))
+    resumed = self.train(['--runtime=tf', '--rounds=3', f'--output_dir={out}'])
+    self.assertIn('Resuming', resumed.stdout)
+    self.assertNotIn('round 1/3', resumed.stdout)
+    np.testing.assert_allclose(_final_outputs(out), _final_outputs(self.ref_dir), rtol=1e-5,
+                               atol=1e-5)
+
+  def test_tff_run_resumes_under_tf_runtime(self):
+    out = os.path.join(self.tmp, 'cross')
+    # TFF's worker is a separately built TensorFlow whose kernels round differently in the last
+    # bits (one round agrees to ~1e-6, tests/runtimes_test.py); training amplifies that, so this
+    # run uses a small learning rate and is compared with an uninterrupted tf run of the same.
+    args = ['--client_lr=0.002']
+    first = self.train(args + ['--runtime=tff', '--rounds=2', f'--output_dir={out}'])
+    self.assertIn('round 2/2', first.stdout)
+    self.train(args + ['--runtime=tf', '--rounds=3', f'--output_dir={out}'])
+    ref = os.path.join(self.tmp, 'cross_ref')
+    self.train(args + ['--runtime=tf', '--rounds=3', f'--output_dir={ref}'])
+    np.testing.assert_allclose(_final_outputs(out), _final_outputs(ref), rtol=1e-3, atol=1e-3)
+    self.assertEqual(testutil.worker_binaries(), [])
+
+  def test_evaluate_reproduces_final_accuracy(self):
+    proc = testutil.run_module('bin.evaluate', f'--saved_model={self.ref_dir}')
+    self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+    with open(os.path.join(self.ref_dir, 'summary.json')) as f:
+      summary = json.load(f)
+    with open(os.path.join(self.ref_dir, 'evaluation', 'evaluation.json')) as f:
+      report = json.load(f)
+    self.assertAlmostEqual(report['test_accuracy'], summary['final_test_accuracy'], places=6)
+    self.assertLen(report['per_class_accuracy'], 10)
+    self.assertGreater(os.path.getsize(report['confusion_matrix_png']), 1000)
+
+  def test_evaluate_refuses_model_of_another_task(self):
+    proc = testutil.run_module('bin.evaluate', f'--saved_model={self.ref_dir}', '--task=cifar10')
+    self.assertEqual(proc.returncode, 2)
+    self.assertIn('--task=cifar10', proc.stderr)
+    self.assertNotIn('Traceback', proc.stderr)
+
+  def test_different_config_in_same_dir_is_refused_and_nothing_lost(self):
+    before = sorted(os.listdir(os.path.join(self.ref_dir, 'checkpoints')))
+    proc = self.train(['--runtime=tf', '--rounds=3', '--alpha=0.1',
+                       f'--output_dir={self.ref_dir}'], check=False)
+    self.assertEqual(proc.returncode, 2)
+    self.assertIn('--output_dir', proc.stderr)
+    self.assertIn('--overwrite', proc.stderr)
+    self.assertEqual(sorted(os.listdir(os.path.join(self.ref_dir, 'checkpoints'))), before)
+
+  def test_bad_flags_exit_2_with_one_line(self):
+    cases = {
+        '--task=nope': '--task',
+        '--alpha=0': '--alpha',
+        '--num_clients=5000': '--num_clients',
+        '--algorithm=fedsgd': '--algorithm',
+        '--regularizer=l2': '--regularizer',
+        '--clients_per_round=9': '--clients_per_round',
+        '--model=vgg': '--model',
+    }
+    for flag, name in cases.items():
+      proc = self.train([flag, '--rounds=1', f'--output_dir={self.tmp}/bad'], check=False)
+      self.assertEqual(proc.returncode, 2, (flag, proc.stderr[-1500:]))
+      self.assertIn(name, proc.stderr, flag)
+      self.assertNotIn('Traceback', proc.stderr, flag)
+
+  def test_corrupt_checkpoint_is_reported_not_overwritten(self):
+    out = os.path.join(self.tmp, 'corrupt')
+    self.train(['--runtime=tf', '--rounds=1', f'--output_dir={out}'])
+    ckpt = os.path.join(out, 'checkpoints', 'round_1')
+    for name in os.listdir(ckpt):
+      path = os.path.join(ckpt, name)
+      if os.path.isfile(path):
+        with open(path, 'wb') as f:
+          f.write(b'garbage')
+    proc = self.train(['--runtime=tf', '--rounds=2', f'--output_dir={out}'], check=False)
+    self.assertEqual(proc.returncode, 2, proc.stderr[-1500:])
+    self.assertIn('checkpoint', proc.stderr)
+    self.assertNotIn('Traceback', proc.stderr)
+    self.assertTrue(os.path.isdir(ckpt))
+
+
+if __name__ == '__main__':
+  absltest.main()
