@@ -41,7 +41,7 @@ TASK = DigitsTask(
     input_shape=(8, 8, 1),
     default_model='small_cnn',
     default_partition='dirichlet',
-    defaults=dict(rounds=10, local_epochs=2, client_lr=0.05, momentum=0.9, batch_size=32,
+    defaults=dict(rounds=15, local_epochs=5, client_lr=0.01, momentum=0.9, batch_size=32,
                   weight_decay=1e-5, beta=0.1, alpha=0.5, num_clients=10, eval_every=1,
                   regularizer='none,feddecorr', server_momentum=0.9),
     mean=(0.5,), std=(0.5,),

@@ -86,9 +86,9 @@ def validate(c: Config) -> None:
     bad('task', f'unknown task {c.task!r}; choose one of {", ".join(task_registry.names())}.')
   if c.model and c.model not in models.names():
     bad('model', f'unknown model {c.model!r}; choose one of {", ".join(models.names())}.')
-  if c.algorithm not in algorithms.NAMES:
+  if c.algorithm not in algorithms.names():
     bad('algorithm', f'unknown algorithm {c.algorithm!r}; choose one of '
-        f'{", ".join(algorithms.NAMES)}.')
+        f'{", ".join(algorithms.names())}.')
   if c.regularizer not in regularizers.names():
     bad('regularizer', f'unknown regularizer {c.regularizer!r}; choose one of '
         f'{", ".join(regularizers.names())}.')
@@ -208,7 +208,7 @@ class Experiment:
     log_path = os.path.join(output_dir, 'tff_worker.log') if output_dir else None
     tff_context.install(max_concurrent_computation_calls=c.max_concurrent_computation_calls,
                         log_path=log_path, workers=workers)
-    return TffProcessRuntime(self.algorithm, self.client_dataset_fn)
+    return tff_runtime.TffRuntime(self.algorithm, self.client_dataset_fn)
 
   # ---- evaluation / export ----
   def evaluator(self) -> export.Evaluator:
@@ -220,28 +220,9 @@ class Experiment:
         'algorithm': self.config.algorithm, 'regularizer': self.config.regularizer})
 
 
-class TffProcessRuntime:
-  """Drives the algorithm's TFF IterativeProcess with the same interface as the TF runtime."""
-
-  def __init__(self, algorithm, client_dataset_fn):
-    from tff_decorr.runtimes import tff_runtime  # pylint: disable=g-import-not-at-top
-    self.algorithm = algorithm
-    self.process = tff_runtime.build_process(algorithm, client_dataset_fn)
-
-  def initialize(self):
-    # The same initial state as the TF runtime, so checkpoints move between runtimes.
-    return self.algorithm.initial_server_state(self.algorithm.initial_weights())
-
-  def run_round(self, server_state, client_inputs, client_states):
-    inputs = [(str(cid), np.int64(seed)) for cid, seed in client_inputs]
-    state, new_states, metrics = self.process.next(server_state, inputs, list(client_states))
-    to_np = lambda x: tf.nest.map_structure(np.asarray, x)
-    return to_np(state), [to_np(s) for s in new_states], to_np(metrics)
-
-
 def algorithm_hparams(c: Config) -> dict:
   """The hyper-parameters algorithm `c.algorithm` takes (each algorithm names its own)."""
-  cls = algorithms._REGISTRY[c.algorithm]  # pylint: disable=protected-access
+  cls = algorithms.algorithm_class(c.algorithm)
   offered = {'mu': c.mu, 'temperature': c.temperature, 'server_lr': c.server_lr,
              'server_momentum': c.server_momentum, 'form': c.fedavgm_form,
              'num_clients': c.num_clients, 'coefficient_period': c.coefficient_period}
