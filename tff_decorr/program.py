@@ -94,6 +94,33 @@ def summarize_train_metrics(m: dict) -> dict:
   return out
 
 
+def checkpoint_manager(output_dir: str) -> tff.program.FileProgramStateManager:
+  return tff.program.FileProgramStateManager(os.path.join(output_dir, 'checkpoints'),
+                                             prefix='round_', keep_total=2)
+
+
+def client_manifest_path(output_dir: str, round_num: int) -> str:
+  return os.path.join(output_dir, 'checkpoints', f'client_states_{round_num}.json')
+
+
+def _checkpoint_structure(initial_server_state) -> dict:
+  return {'round': 0, 'server_state': initial_server_state, 'best_accuracy': 0.0,
+          'best_round': 0, 'last_accuracy': -1.0}
+
+
+def load_checkpoint(output_dir: str, initial_server_state) -> Optional[dict]:
+  """The latest program state of a run (None for a new run); CheckpointError if unreadable."""
+  try:
+    saved, _ = asyncio.run(checkpoint_manager(output_dir).load_latest(
+        _checkpoint_structure(initial_server_state)))
+  except Exception as e:  # Any failure to read is reported the same way: never train over it.
+    raise CheckpointError(
+        f'the checkpoint in {output_dir}/checkpoints cannot be read ({type(e).__name__}: '
+        f'{str(e)[:200]}); remove the broken round_* directory there to resume from the previous '
+        'one, or use another --output_dir (nothing was changed).') from e
+  return saved
+
+
 def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
         evaluate_fn: Callable[[list, int], dict], export_fn: Callable[[list, str], None],
         on_round_end: Optional[Callable[[int, Any], None]] = None, log=print) -> dict:
@@ -108,18 +135,11 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
     export_fn: (global weights, directory) -> writes a SavedModel there.
   """
   ckpt_dir = os.path.join(output_dir, 'checkpoints')
-  ckpt = tff.program.FileProgramStateManager(ckpt_dir, prefix='round_', keep_total=2)
-  manifest = lambda r: os.path.join(ckpt_dir, f'client_states_{r}.json')
+  ckpt = checkpoint_manager(output_dir)
+  manifest = lambda r: client_manifest_path(output_dir, r)
   initial_state = runtime.initialize()
-  structure = {'round': 0, 'server_state': initial_state, 'best_accuracy': 0.0,
-               'best_round': 0, 'last_accuracy': -1.0}
-  try:
-    saved, version = asyncio.run(ckpt.load_latest(structure))
-  except Exception as e:  # Any failure to read is reported the same way: never train over it.
-    raise CheckpointError(
-        f'the checkpoint in {output_dir}/checkpoints cannot be read ({type(e).__name__}: '
-        f'{str(e)[:200]}); remove the broken round_* directory there to resume from the previous '
-        'one, or use another --output_dir (nothing was changed).') from e
+  structure = _checkpoint_structure(initial_state)
+  saved = load_checkpoint(output_dir, initial_state)
   if saved is None:
     state = structure
     log(f'Starting a new run in {output_dir}')
