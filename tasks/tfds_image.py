@@ -22,13 +22,14 @@ class TfdsImageTask(base.Task):
     if name is None:
       raise ValueError(f'unknown split {split!r}; use train or test.')
     try:
-      builder = tfds.builder(self.tfds_name, data_dir=data_dir)
-    except Exception as e:  # tfds raises several types for a bad dir/name.
+      ds = tfds.load(self.tfds_name, split=name, data_dir=data_dir, download=False,
+                     as_supervised=True)
+    except Exception as e:  # tfds raises several types for a missing/unprepared dataset.
       raise base.DatasetNotFoundError(self._missing_message(data_dir, e)) from e
-    if not builder.is_prepared():
-      raise base.DatasetNotFoundError(self._missing_message(data_dir))
-    images, labels = tfds.as_numpy(builder.as_dataset(split=name, batch_size=-1,
-                                                      as_supervised=True))
+    # Decoded in large batches (not batch_size=-1, which needs a known cardinality).
+    chunks = list(tfds.as_numpy(ds.batch(4096)))
+    images = np.concatenate([c[0] for c in chunks])
+    labels = np.concatenate([c[1] for c in chunks])
     images = np.asarray(images, np.uint8)
     if tuple(images.shape[1:]) != tuple(self.input_shape):
       raise ValueError(f'{self.tfds_name} images have shape {images.shape[1:]}, expected '
@@ -37,7 +38,7 @@ class TfdsImageTask(base.Task):
 
   def _missing_message(self, data_dir, err=None):
     where = data_dir or '~/tensorflow_datasets (the TFDS default)'
-    extra = f' ({type(err).__name__}: {err})' if err else ''
+    extra = f' ({type(err).__name__}: {str(err).splitlines()[0][:160]})' if err else ''
     return (f'--data_dir: dataset {self.tfds_name} is not prepared in {where}{extra}. Prepare it '
             f'on a machine with internet: `tfds build {self.tfds_name} --data_dir=DIR` (or '
             f'`python -c "import tensorflow_datasets as tfds; tfds.load(\'{self.tfds_name}\', '
