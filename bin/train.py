@@ -82,6 +82,10 @@ flags.DEFINE_integer('max_concurrent_computation_calls', -1,
                      'TFF runtime: concurrent client computations (-1: unlimited).')
 flags.DEFINE_bool('track_collapse', False, 'Log effective rank and significant singular values of '
                   'the global model every --eval_every rounds.')
+flags.DEFINE_list('save_local_models', [], 'Client ids whose local models to export at the '
+                  '--save_local_rounds (for local-vs-global analysis with bin/analyze).')
+flags.DEFINE_list('save_local_rounds', [], 'Rounds at which to export the local models of '
+                  '--save_local_models (only if the client is sampled that round).')
 flags.DEFINE_bool('overwrite', False, 'Move an existing run with a different configuration aside.')
 
 _GENERIC_KEYS = ('model', 'beta', 'feduv_lambda', 'feduv_mu', 'partition', 'alpha',
@@ -189,13 +193,31 @@ def train_one(config, log=print) -> dict:
     on_round_end = collapse_tracking.tracker(exp, evaluator, test_ds, config.eval_every,
                                              config.rounds)
 
+  before_round = None
+  if FLAGS.save_local_models or config.track_collapse:
+    from tff_decorr import collapse_tracking  # pylint: disable=g-import-not-at-top
+    try:
+      rounds = [int(r) for r in FLAGS.save_local_rounds]
+    except ValueError as e:
+      raise ValueError(f'--save_local_rounds: {FLAGS.save_local_rounds} are not round '
+                       'numbers.') from e
+    bad = [c for c in FLAGS.save_local_models
+           if not c.isdigit() or int(c) >= config.num_clients]
+    if bad:
+      raise ValueError(f'--save_local_models: {bad} are not client ids (0..'
+                       f'{config.num_clients - 1}).')
+    before_round = collapse_tracking.LocalModels(exp, evaluator, test_ds,
+                                                 FLAGS.save_local_models, rounds,
+                                                 track=config.track_collapse)
+
   loop = program.LoopConfig(rounds=config.rounds, num_clients=config.num_clients,
                             clients_per_round=config.clients_per_round, seed=config.seed,
                             eval_every=config.eval_every, export_every=config.export_every)
   t0 = time.time()
   summary = program.run(runtime=runtime, algorithm=exp.algorithm, store=store, loop=loop,
                         output_dir=config.output_dir, evaluate_fn=evaluate,
-                        export_fn=exp.export, on_round_end=on_round_end, log=log)
+                        export_fn=exp.export, on_round_end=on_round_end,
+                        before_round=before_round, log=log)
   summary.update({'config': config.to_dict(), 'versions': _versions(),
                   'wall_time_s': time.time() - t0})
   run_dir.write_json_atomic(os.path.join(config.output_dir, 'summary.json'), summary)

@@ -123,7 +123,8 @@ def load_checkpoint(output_dir: str, initial_server_state) -> Optional[dict]:
 
 def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
         evaluate_fn: Callable[[list, int], dict], export_fn: Callable[[list, str], None],
-        on_round_end: Optional[Callable[[int, Any], None]] = None, log=print) -> dict:
+        on_round_end: Optional[Callable[[int, Any], None]] = None,
+        before_round: Optional[Callable[..., Optional[dict]]] = None, log=print) -> dict:
   """Runs (or resumes) the federated training loop. Returns the final summary dict.
 
   Args:
@@ -132,6 +133,8 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
     store: the per-client state store (`tff_decorr.client_state.ClientStateStore`); its manifest
       is saved beside each checkpoint so a resumed run sees exactly that round's client states.
     evaluate_fn: (global weights, round) -> dict of test metrics (e.g. 'test_accuracy').
+    before_round: optional (round, server_state, client_inputs, client_states) -> metrics dict,
+      called before the round runs (e.g. to reproduce and save chosen clients' local models).
     export_fn: (global weights, directory) -> writes a SavedModel there.
   """
   ckpt_dir = os.path.join(output_dir, 'checkpoints')
@@ -157,16 +160,21 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
   times = []
   summary = {}
   for round_num in range(start_round, loop.rounds + 1):
-    t0 = time.perf_counter()
     clients = sample_clients(loop.num_clients, loop.clients_per_round, loop.seed, round_num)
     client_inputs = [(str(c), client_seed(loop.seed, round_num, c)) for c in clients]
     ids = [cid for cid, _ in client_inputs]
+    client_states = store.load_many(ids)
+    pre_round = (before_round(round_num, server_state, client_inputs, client_states)
+                 if before_round is not None else None)
+    t0 = time.perf_counter()  # Round time: the federated round alone.
     server_state, new_states, train_metrics = runtime.run_round(server_state, client_inputs,
-                                                                store.load_many(ids))
+                                                                client_states)
     store.save_many(ids, new_states, round_num)
     round_time = time.perf_counter() - t0
     values = summarize_train_metrics(train_metrics)
     values['round_time_s'] = round_time
+    if pre_round:
+      values.update(pre_round)
     weights = algorithm.global_weights(server_state)
     test = {}
     if round_num % max(loop.eval_every, 1) == 0 or round_num == loop.rounds:
