@@ -121,6 +121,27 @@ class TrainTest(absltest.TestCase):
     for acc in report['per_client_accuracy'].values():
       self.assertBetween(acc, 0.0, 1.0)
 
+  def test_collapse_tracking_local_models_and_analyze(self):
+    out = os.path.join(self.tmp, 'collapse')
+    self.train(['--runtime=tf', '--rounds=2', '--track_collapse', '--save_local_models=1',
+                '--save_local_rounds=2', f'--output_dir={out}'])
+    with open(os.path.join(out, 'metrics.csv')) as f:
+      header = f.readline().strip().split(',')
+      rows = [dict(zip(header, l.strip().split(','))) for l in f]
+    for row in rows:
+      self.assertGreater(float(row['effective_rank']), 1.0)
+      self.assertGreater(float(row['local_effective_rank']), 1.0)
+      self.assertGreaterEqual(float(row['num_significant_sv']), 1.0)
+    local = os.path.join(out, 'local_models', 'round_2', 'client_1')
+    self.assertTrue(os.path.exists(os.path.join(local, 'saved_model.pb')))
+    analysis_dir = os.path.join(self.tmp, 'analysis')
+    proc = testutil.run_module('bin.analyze', f'--saved_model={out},{self.ref_dir}',
+                               '--task=digits', f'--local_saved_model={local}',
+                               f'--global_saved_model={out}', f'--output_dir={analysis_dir}')
+    self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+    for name in ('spectra.csv', 'summary.json', 'spectra.png', 'local_vs_global.png'):
+      self.assertGreater(os.path.getsize(os.path.join(analysis_dir, name)), 100, name)
+
   def test_evaluate_refuses_model_of_another_task(self):
     proc = testutil.run_module('bin.evaluate', f'--saved_model={self.ref_dir}', '--task=cifar10')
     self.assertEqual(proc.returncode, 2)
