@@ -28,3 +28,21 @@ def worker_binaries() -> list[str]:
   """Command lines of running TFF worker processes (for leak checks)."""
   out = subprocess.run(['pgrep', '-af', 'worker_binary'], capture_output=True, text=True)
   return [l for l in out.stdout.splitlines() if 'pgrep' not in l]
+
+
+def processes_holding(path: str) -> list[int]:
+  """PIDs of processes that have `path` open (e.g. a TFF worker writing a run's worker log)."""
+  target = os.path.realpath(path)
+  pids = []
+  for pid in os.listdir('/proc'):
+    if not pid.isdigit():
+      continue
+    fd_dir = f'/proc/{pid}/fd'
+    try:
+      for fd in os.listdir(fd_dir):
+        if os.path.realpath(os.path.join(fd_dir, fd)) == target:
+          pids.append(int(pid))
+          break
+    except OSError:
+      continue
+  return pids
