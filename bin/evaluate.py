@@ -16,13 +16,14 @@ import sys
 
 from absl import app
 from absl import flags
-from absl import logging
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 # TensorFlow must be imported before absl's app.run: imported for the first time inside main(),
 # Keras 2.14 builds functional models from graph tensors and fails ("SymbolicTensor ... node").
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
+
+from tff_decorr import cli  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('saved_model', None, 'A SavedModel directory, or a run directory of bin/train.')
@@ -34,14 +35,6 @@ flags.DEFINE_string('output_dir', None, 'Where to write evaluation.json and conf
 flags.DEFINE_integer('batch_size', 256, 'Evaluation batch size.')
 
 
-def _user_path(path):
-  if not path:
-    return path
-  path = os.path.expanduser(path)
-  if os.path.isabs(path):
-    return path
-  return os.path.abspath(os.path.join(os.environ.get('BUILD_WORKING_DIRECTORY', os.getcwd()),
-                                      path))
 
 
 def evaluate_saved_model(saved_model: str, task_name, data_dir, batch_size: int,
@@ -105,15 +98,10 @@ def _fedbn_per_client(run_root, task, data_dir, batch_size):
   return fedbn_eval.per_client_accuracy(run_root, cfg, task, data_dir, batch_size)
 
 
-def _quiet() -> None:
-  # TF's SavedModel writer logs every asset at INFO; keep the progress lines readable.
-  if not FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)
-  tf.get_logger().setLevel('ERROR')
 
 
 def main(argv):
-  _quiet()
+  cli.quiet_logging()
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   if not FLAGS.saved_model:
@@ -122,9 +110,9 @@ def main(argv):
     return 2
   from tff_decorr import export  # pylint: disable=g-import-not-at-top
   try:
-    report = evaluate_saved_model(_user_path(FLAGS.saved_model), FLAGS.task,
-                                  _user_path(FLAGS.data_dir), FLAGS.batch_size,
-                                  _user_path(FLAGS.output_dir))
+    report = evaluate_saved_model(cli.user_path(FLAGS.saved_model), FLAGS.task,
+                                  cli.user_path(FLAGS.data_dir), FLAGS.batch_size,
+                                  cli.user_path(FLAGS.output_dir))
   except (ValueError, FileNotFoundError, export.SavedModelError) as e:
     print(f'evaluate: error: {e}', file=sys.stderr)
     return 2

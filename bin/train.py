@@ -32,6 +32,8 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 # Keras 2.14 builds functional models from graph tensors and fails ("SymbolicTensor ... node").
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
+from tff_decorr import cli  # pylint: disable=g-import-not-at-top
+
 FLAGS = flags.FLAGS
 _T = 'task default'
 
@@ -122,8 +124,8 @@ def resolve_configs(argv_flags) -> list:
   if argv_flags.projection_dim is None and values['algorithm'] != 'moon':
     values['projection_dim'] = 0
   values['model'] = values['model'] or task.default_model
-  values['data_dir'] = _user_path(values['data_dir'] or '')
-  values['cache_dir'] = _user_path(values['cache_dir'] or '')
+  values['data_dir'] = cli.user_path(values['data_dir'] or '')
+  values['cache_dir'] = cli.user_path(values['cache_dir'] or '')
   regs = argv_flags.regularizer or defaults.get('regularizer', 'feddecorr')
   reg_list = [r.strip() for r in str(regs).split(',') if r.strip()]
   if not reg_list:
@@ -133,24 +135,15 @@ def resolve_configs(argv_flags) -> list:
     c = experiment.Config(**{**values, 'regularizer': reg})
     experiment.validate(c)
     if argv_flags.output_dir:
-      out = _user_path(argv_flags.output_dir)
+      out = cli.user_path(argv_flags.output_dir)
       c.output_dir = os.path.join(out, reg) if len(reg_list) > 1 else out
     else:
-      c.output_dir = _user_path(os.path.join(
+      c.output_dir = cli.user_path(os.path.join(
           'runs', f'{c.task}-{c.algorithm}-{reg}-{c.result_hash()}'))
     configs.append(c)
   return configs
 
 
-def _user_path(path: str) -> str:
-  """Relative paths are relative to where the user ran the command (also under `bazel run`)."""
-  if not path:
-    return path
-  path = os.path.expanduser(path)
-  if os.path.isabs(path):
-    return path
-  return os.path.abspath(os.path.join(os.environ.get('BUILD_WORKING_DIRECTORY', os.getcwd()),
-                                      path))
 
 
 def _versions() -> dict:
@@ -224,15 +217,10 @@ def train_one(config, log=print) -> dict:
   return summary
 
 
-def _quiet() -> None:
-  # TF's SavedModel writer logs every asset at INFO; keep the progress lines readable.
-  if not FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)
-  tf.get_logger().setLevel('ERROR')
 
 
 def main(argv):
-  _quiet()
+  cli.quiet_logging()
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; flags are --name=value.')
   try:
