@@ -23,7 +23,6 @@ import time
 
 from absl import app
 from absl import flags
-from absl import logging
 
 # Keep TF's C++ start-up chatter out of the progress output unless the user asks for it.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
