@@ -39,7 +39,9 @@ _T = 'task default'
 flags.DEFINE_string('task', 'digits', 'Task: digits (embedded, no download), cifar10, cifar100, '
                     'tiny_imagenet, office_caltech10, domainnet.')
 flags.DEFINE_string('model', None, f'Model builder name ({_T}).')
-flags.DEFINE_string('algorithm', 'fedavg', 'fedavg|fedprox|fedavgm|fedbn|moon|scaffold|fednova.')
+flags.DEFINE_string('algorithm', 'fedavg', 'fedavg|fedprox|fedavgm|fedbn|moon|scaffold|fednova, or '
+                    'fedavg_decomposed (with --decomposed: atoms every round, coefficients every '
+                    '--coefficient_period rounds, 0: kept local).')
 flags.DEFINE_string('regularizer', None, 'none|feddecorr|feduv|decov, or a comma-separated list to '
                     'run one simulation per regulariser (default: feddecorr; the embedded task '
                     'runs none,feddecorr).')
@@ -74,8 +76,8 @@ flags.DEFINE_enum('fedavgm_form', 'reference', ['reference', 'tff'],
                   'FedAvgM update: reference (m=b*m+(1-b)*d; w+=m) or tff (server SGD momentum).')
 flags.DEFINE_bool('decomposed', False, 'Use filter-decomposed convolutions (atoms x coefficients).')
 flags.DEFINE_integer('num_atoms', 0, 'Atoms per decomposed convolution (0: k*k).')
-flags.DEFINE_integer('coefficient_period', 1, 'Decomposed models: aggregate coefficients every K '
-                     'rounds (atoms every round).')
+flags.DEFINE_integer('coefficient_period', 1, 'fedavg_decomposed: aggregate coefficients every K '
+                     'rounds (atoms every round); 0 keeps them local (personalisation).')
 flags.DEFINE_enum('runtime', 'tff', ['tff', 'tf'], 'tff: TFF C++ runtime (CPU, remote workers); '
                   'tf: the same TF functions in this process (uses a GPU).')
 flags.DEFINE_string('workers', '', 'Comma-separated host:port of TFF workers (bin/worker).')
@@ -231,11 +233,15 @@ def main(argv):
   for config in configs:
     print(f'=== {config.task}: {config.algorithm} + {config.regularizer} -> {config.output_dir}',
           flush=True)
+    from tff_decorr import tff_context  # pylint: disable=g-import-not-at-top
     try:
       summary = train_one(config, log=lambda s: print(s, flush=True))
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, tff_context.WorkerUnavailableError) as e:
       print(f'train: error: {e}', file=sys.stderr)
       return 2
+    except tff_context.WorkerLostError as e:  # The last completed round is checkpointed.
+      print(f'train: error: {e}', file=sys.stderr)
+      return 3
     results.append((config, summary))
   print('\nResults (test accuracy of the global model):')
   for config, s in results:

@@ -100,7 +100,7 @@ def validate(c: Config) -> None:
   if not c.alpha > 0:
     bad('alpha', f'must be > 0 (smaller is more heterogeneous; inf gives IID), got {c.alpha}.')
   for flag in ('num_clients', 'clients_per_round', 'rounds', 'local_epochs', 'batch_size',
-               'eval_every', 'classes_per_client', 'coefficient_period'):
+               'eval_every', 'classes_per_client'):
     if int(getattr(c, flag)) < 1:
       bad(flag, f'must be >= 1, got {getattr(c, flag)}.')
   if c.clients_per_round > c.num_clients:
@@ -121,6 +121,15 @@ def validate(c: Config) -> None:
     bad('server_lr', f'must be > 0, got {c.server_lr}.')
   if c.fedavgm_form not in ('reference', 'tff'):
     bad('fedavgm_form', f'choose reference or tff, got {c.fedavgm_form!r}.')
+  if c.algorithm == 'fedavg_decomposed' and not c.decomposed:
+    bad('decomposed', '--algorithm=fedavg_decomposed averages atoms and coefficients of '
+        'filter-decomposed convolutions; pass --decomposed.')
+  if c.coefficient_period < 0:
+    bad('coefficient_period', f'must be >= 0 (0: coefficients stay local), got '
+        f'{c.coefficient_period}.')
+  if c.coefficient_period != 1 and c.algorithm != 'fedavg_decomposed':
+    bad('coefficient_period', 'only --algorithm=fedavg_decomposed (with --decomposed) aggregates '
+        'coefficients on their own schedule.')
   if c.projection_dim < 0:
     bad('projection_dim', f'must be >= 0 (0: no projection head), got {c.projection_dim}.')
 
