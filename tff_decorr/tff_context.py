@@ -10,7 +10,10 @@ the worker ourselves:
   process cannot orphan it;
 - it is stopped at interpreter exit (`atexit`) and on SIGTERM/SIGINT/SIGHUP.
 The same machinery connects to remote workers (`workers=['host:port', ...]`), which is how
-simulations are spread over several machines with TFF's own runtime.
+simulations are spread over several machines with TFF's own runtime (docs/remote_workers.md).
+A remote worker that cannot be reached, or that stops answering during a computation, raises
+`WorkerUnavailableError` / `WorkerLostError` (one-line messages naming --workers) instead of TFF's
+default of retrying forever.
 """
 
 from __future__ import annotations
@@ -40,7 +43,26 @@ _GRPC_OPTIONS = [
 ]
 _PR_SET_PDEATHSIG = 1
 
+# How long a remote worker may be unreachable during a run before the computation fails. TFF's
+# contexts retry UNAVAILABLE forever; a worker restarted within this grace lets the round continue.
+_LOST_GRACE_SECONDS = 10.0
+_REMOTE_START_TIMEOUT = 20.0
+
 _lock = threading.Lock()
+
+
+class WorkerUnavailableError(RuntimeError):
+  """A remote worker given in --workers does not answer when the run starts."""
+
+
+class WorkerLostError(RuntimeError):
+  """A remote worker stopped answering during a computation (the current round is lost)."""
+
+
+def _lost_message(address: str) -> str:
+  return (f'--workers: the TFF worker at {address} stopped answering during a round; restart '
+          'it (python -m bin.worker --port=...) and re-run the same command to resume from the '
+          'last checkpoint.')
 _processes: list['WorkerProcess'] = []
 _handlers_installed = False
 
@@ -146,9 +168,12 @@ def _wait_ready(stub: tff.framework.RemoteExecutorGrpcStub, address: str, timeou
     if process is not None and not process.alive():
       raise RuntimeError(f'TFF worker at {address} exited during start-up; see {process.log_path}')
     if time.monotonic() > deadline:
-      raise RuntimeError(
-          f'TFF worker at {address} did not become ready within {timeout:.0f}s. Check that it is '
-          'running (bin/worker) and reachable, or fix --workers.')
+      if process is not None:
+        raise RuntimeError(f'TFF worker at {address} did not become ready within {timeout:.0f}s; '
+                           f'see {process.log_path}')
+      raise WorkerUnavailableError(
+          f'--workers: no TFF worker answers at {address} (waited {timeout:.0f}s); start one '
+          'there (python -m bin.worker --port=PORT) or fix --workers.')
     time.sleep(0.1)
 
 
@@ -160,6 +185,8 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 def _executor_factory(stub_fn) -> tff.framework.ExecutorFactory:
+  # TFF's contexts call this for every new executor, including after a failed call (they drop the
+  # executor and retry), so a stub check here turns "retry forever" into an error.
   def stack_fn(cardinalities):
     if cardinalities.get(tff.CLIENTS) is None:
       cardinalities[tff.CLIENTS] = 0
@@ -174,6 +201,44 @@ def _remote_stub(address: str, process: Optional[WorkerProcess], timeout: float)
   stub = tff.framework.RemoteExecutorGrpcStub(channel)
   _wait_ready(stub, address, timeout, process)
   return stub
+
+
+class _RemoteStub:
+  """A running remote worker; raises WorkerLostError if it stays unreachable after start-up."""
+
+  def __init__(self, address: str, timeout: float):
+    self.address = address
+    self._stub = _remote_stub(address, None, timeout)
+
+  def __call__(self):
+    deadline = time.monotonic() + _LOST_GRACE_SECONDS
+    while not self._stub.is_ready:
+      if time.monotonic() > deadline:
+        raise WorkerLostError(_lost_message(self.address))
+      time.sleep(0.2)
+    return self._stub
+
+
+class _TranslatingContext(tff.framework.SyncContext):
+  """Wraps a context on remote workers: gRPC failures become one-line WorkerLostErrors."""
+
+  def __init__(self, inner, addresses: Sequence[str]):
+    self._inner = inner
+    self._addresses = list(addresses)
+
+  def invoke(self, comp, arg):
+    try:
+      return self._inner.invoke(comp, arg)
+    except WorkerLostError:
+      raise
+    except grpc.RpcError as e:
+      code = e.code() if hasattr(e, 'code') else None
+      if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                  grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,
+                  grpc.StatusCode.UNKNOWN, grpc.StatusCode.FAILED_PRECONDITION):
+        raise WorkerLostError(_lost_message(' or '.join(self._addresses)) +
+                              f' (gRPC {code.name if code else e})') from e
+      raise
 
 
 def _make_context(stub_fn, asynchronous: bool = False):
@@ -224,13 +289,20 @@ def install(max_concurrent_computation_calls: int = -1, log_path: Optional[str] 
     addresses = list(workers)
     for a in addresses:
       parse_address(a)
-    if len(addresses) == 1:
-      stub = _remote_stub(addresses[0], None, timeout)
-      context = _make_context(lambda: stub)
+    if len(set(addresses)) != len(addresses):
+      raise ValueError(f'--workers: {",".join(addresses)} names a worker twice; list each once.')
+    timeout = min(timeout, _REMOTE_START_TIMEOUT)
+    stubs = [_RemoteStub(a, timeout) for a in addresses]
+    if len(stubs) == 1:
+      context = _make_context(stubs[0])
     else:
-      stubs = [_remote_stub(a, None, timeout) for a in addresses]
-      contexts = [_make_context((lambda s=s: s), asynchronous=True) for s in stubs]
+      # Each round's clients are split into len(workers) contiguous groups; each worker computes
+      # its group's aggregate ("up to merge"), the partial aggregates are merged, and each worker
+      # computes the clients-placed outputs of its group ("after merge"). See
+      # docs/remote_workers.md for what this costs.
+      contexts = [_make_context(s, asynchronous=True) for s in stubs]
       context = tff.backends.native.create_mergeable_comp_execution_context(contexts)
+    context = _TranslatingContext(context, addresses)
   tff.framework.set_default_context(context)
 
 
