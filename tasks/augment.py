@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tasks import autoaugment as autoaugment_lib
+
 
 def _split(seed: tf.Tensor, n: int) -> tf.Tensor:
   return tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=n)
@@ -27,8 +29,21 @@ def random_flip(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
   return tf.image.stateless_random_flip_left_right(image, seed=_split(seed, 1)[0])
 
 
+def autoaugment(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+  """AutoAugment, CIFAR-10 policy (tasks/autoaugment.py): TinyImageNet in the paper."""
+  return autoaugment_lib.apply_policy(image, _split(seed, 1)[0])
+
+
+def crop_flip_autoaugment(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+  """Crop (pad 4) and flip, then AutoAugment (CIFAR-10 policy): CIFAR-100 in the paper."""
+  s = _split(seed, 2)
+  return autoaugment_lib.apply_policy(random_crop_flip(image, s[0]), s[1])
+
+
 AUGMENTATIONS = {
     'none': None,
     'crop_flip': random_crop_flip,
     'flip': random_flip,
+    'autoaugment': autoaugment,
+    'crop_flip_autoaugment': crop_flip_autoaugment,
 }
