@@ -7,8 +7,10 @@ from typing import Tuple
 from tasks import base
 from tasks import digits
 from tasks import tfds_image
+from tasks import tiny_imagenet
 
-_TASKS = {t.name: t for t in (digits.TASK, tfds_image.CIFAR10, tfds_image.CIFAR100)}
+_TASKS = {t.name: t for t in (digits.TASK, tfds_image.CIFAR10, tfds_image.CIFAR100,
+                              tiny_imagenet.TASK)}
 
 
 def names() -> Tuple[str, ...]:

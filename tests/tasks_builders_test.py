@@ -1,0 +1,97 @@
+"""TFDS builders and tasks we add: tiny_imagenet (fake zip), office_caltech10 (fake tree),
+domainnet (TFDS mock data)."""
+
+import io
+import os
+import tempfile
+import zipfile
+
+from absl.testing import absltest
+import numpy as np
+from PIL import Image
+
+from tasks import base
+from tasks import registry
+from tasks import tiny_imagenet
+
+
+def _jpeg(color, mode='RGB', size=(64, 64)) -> bytes:
+  buf = io.BytesIO()
+  Image.new(mode, size, color).save(buf, format='JPEG', quality=95)
+  return buf.getvalue()
+
+
+def _fake_tiny_imagenet_zip(path):
+  """200 wnids in shuffled order; 1 train image each (2 for the first three); 5 val images."""
+  wnids = [f'n{9000 - i:08d}' for i in range(200)]  # Listed in reverse sorted order.
+  val = [('val_0.JPEG', wnids[3]), ('val_1.JPEG', wnids[150]), ('val_2.JPEG', wnids[0]),
+         ('val_3.JPEG', wnids[199]), ('val_4.JPEG', wnids[3])]
+  with zipfile.ZipFile(path, 'w') as z:
+    z.writestr('tiny-imagenet-200/wnids.txt', '\n'.join(wnids) + '\n')
+    for i, w in enumerate(wnids):
+      for j in range(2 if i < 3 else 1):
+        z.writestr(f'tiny-imagenet-200/train/{w}/images/{w}_{j}.JPEG',
+                   _jpeg((i, 255 - i, 7 * j)))
+      z.writestr(f'tiny-imagenet-200/train/{w}/{w}_boxes.txt', 'ignored\n')
+    z.writestr('tiny-imagenet-200/val/val_annotations.txt',
+               ''.join(f'{f}\t{w}\t0\t0\t63\t63\n' for f, w in val))
+    for k, (f, _) in enumerate(val):
+      # One greyscale JPEG, as in the real data: it must come out as RGB.
+      z.writestr(f'tiny-imagenet-200/val/images/{f}',
+                 _jpeg(40 * k, mode='L') if k == 1 else _jpeg((40 * k, 0, 0)))
+    z.writestr('tiny-imagenet-200/test/images/test_0.JPEG', _jpeg((1, 2, 3)))
+  return wnids, val
+
+
+class TinyImagenetTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    root = tempfile.mkdtemp()
+    cls.manual = os.path.join(root, 'manual')
+    os.makedirs(cls.manual)
+    cls.wnids, cls.val = _fake_tiny_imagenet_zip(os.path.join(cls.manual, tiny_imagenet.ZIP_NAME))
+    cls.data_dir = os.path.join(root, 'tfds')
+    tiny_imagenet.prepare(cls.data_dir, cls.manual)
+
+  def test_task_reads_the_built_dataset_offline(self):
+    task = registry.get('tiny_imagenet')
+    self.assertEqual(task.input_shape, (64, 64, 3))
+    self.assertEqual(task.num_classes, 200)
+    self.assertEqual(task.augmentation, 'autoaugment')
+    x, y, d = task.load_split('train', self.data_dir)
+    self.assertIsNone(d)
+    self.assertEqual(x.shape, (203, 64, 64, 3))
+    self.assertEqual(x.dtype, np.uint8)
+    self.assertEqual(y.dtype, np.int64)
+    # Labels are indices into sorted(wnids): every class present, 2 images for the 3 last sorted.
+    counts = np.bincount(y, minlength=200)
+    self.assertEqual(counts.tolist(), [1] * 197 + [2] * 3)
+    xt, yt, _ = task.load_split('test', self.data_dir)
+    self.assertEqual(xt.shape, (5, 64, 64, 3))
+    order = sorted(self.wnids)
+    self.assertEqual(sorted(yt.tolist()), sorted(order.index(w) for _, w in self.val))
+
+  def test_labels_follow_sorted_wnids_and_greyscale_becomes_rgb(self):
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    ds = tfds.load('tiny_imagenet', split='test', data_dir=self.data_dir, download=False)
+    order = sorted(self.wnids)
+    rows = {ex['file_name'].decode(): ex for ex in tfds.as_numpy(ds)}
+    for f, w in self.val:
+      self.assertEqual(rows[f]['wnid'].decode(), w)
+      self.assertEqual(int(rows[f]['label']), order.index(w))
+    grey = rows['val_1.JPEG']['image']
+    self.assertEqual(grey.shape, (64, 64, 3))
+    self.assertTrue(np.all(grey[..., 0] == grey[..., 1]))
+    self.assertLess(abs(int(rows['val_3.JPEG']['image'][..., 0].mean()) - 120), 3)
+
+  def test_missing_dataset_names_data_dir_and_the_zip(self):
+    task = registry.get('tiny_imagenet')
+    with self.assertRaisesRegex(base.DatasetNotFoundError,
+                                r'--data_dir.*tasks\.tiny_imagenet.*tiny-imagenet-200\.zip'):
+      task.load_split('train', tempfile.mkdtemp())
+
+
+if __name__ == '__main__':
+  absltest.main()
