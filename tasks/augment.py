@@ -40,10 +40,20 @@ def crop_flip_autoaugment(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
   return autoaugment_lib.apply_policy(random_crop_flip(image, s[0]), s[1])
 
 
+def flip_rotate(image: tf.Tensor, seed: tf.Tensor, max_degrees: float = 30.0) -> tf.Tensor:
+  """FedBN's Office-Caltech10 / DomainNet training augmentation: random horizontal flip, then a
+  rotation by a uniform angle in [-30, 30] degrees (black fill, as torchvision's RandomRotation)."""
+  s = _split(seed, 2)
+  image = tf.image.stateless_random_flip_left_right(image, seed=s[0])
+  degrees = tf.random.stateless_uniform([], s[1], -max_degrees, max_degrees)
+  return autoaugment_lib.rotate_degrees(image, degrees, fill=0)
+
+
 AUGMENTATIONS = {
     'none': None,
     'crop_flip': random_crop_flip,
     'flip': random_flip,
     'autoaugment': autoaugment,
     'crop_flip_autoaugment': crop_flip_autoaugment,
+    'flip_rotate': flip_rotate,
 }

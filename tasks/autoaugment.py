@@ -83,13 +83,13 @@ def _grayscale(image: tf.Tensor) -> tf.Tensor:
   return x
 
 
-def _transform(image: tf.Tensor, matrix: List) -> tf.Tensor:
+def _transform(image: tf.Tensor, matrix: List, fill: float = _FILL) -> tf.Tensor:
   """Projective transform: output pixel (x, y) samples input (a0 x + a1 y + a2, b0 x + b1 y + b2)."""
   h, w = image.shape[0], image.shape[1]
   m = tf.cast(tf.stack([tf.cast(v, tf.float32) for v in matrix] + [0.0, 0.0]), tf.float32)
   out = tf.raw_ops.ImageProjectiveTransformV3(
       images=tf.cast(image[tf.newaxis], tf.float32), transforms=m[tf.newaxis],
-      output_shape=tf.constant([h, w], tf.int32), fill_value=float(_FILL),
+      output_shape=tf.constant([h, w], tf.int32), fill_value=float(fill),
       interpolation='NEAREST', fill_mode='CONSTANT')
   return tf.cast(out[0], tf.uint8)
 
@@ -119,13 +119,18 @@ def translate_y(image, level, negate):
   return _transform(image, [1.0, 0.0, 0.0, 0.0, 1.0, t])
 
 
-def rotate(image, level, negate):
-  """Rotation about the image centre by up to 30 degrees."""
-  theta = _signed(level / _MAX_LEVEL * 30.0, negate) * (math.pi / 180.0)
+def rotate_degrees(image: tf.Tensor, degrees, fill: float = _FILL) -> tf.Tensor:
+  """Rotation about the image centre (nearest neighbour), uncovered pixels set to `fill`."""
+  theta = tf.cast(degrees, tf.float32) * (math.pi / 180.0)
   c, s = tf.cos(theta), tf.sin(theta)
   cx, cy = (image.shape[1] - 1) / 2.0, (image.shape[0] - 1) / 2.0
   # Inverse map: input = R(-theta) (output - centre) + centre.
-  return _transform(image, [c, s, cx - c * cx - s * cy, -s, c, cy + s * cx - c * cy])
+  return _transform(image, [c, s, cx - c * cx - s * cy, -s, c, cy + s * cx - c * cy], fill)
+
+
+def rotate(image, level, negate):
+  """Rotation about the image centre by up to 30 degrees."""
+  return rotate_degrees(image, _signed(level / _MAX_LEVEL * 30.0, negate))
 
 
 def auto_contrast(image, level=None, negate=None):

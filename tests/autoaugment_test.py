@@ -116,6 +116,23 @@ class OpsTest(parameterized.TestCase):
     r2 = aa.rotate(tf.constant(img), _level(9), tf.constant(True)).numpy()
     self.assertFalse(np.array_equal(r, r2))
 
+  def test_rotate_degrees_quarter_turn_is_exact(self):
+    img = _image(11, (9, 9, 3))
+    got = aa.rotate_degrees(tf.constant(img), 90.0, fill=0).numpy()
+    # A quarter turn of a square image is a permutation of its pixels: one of the two directions.
+    self.assertTrue(np.array_equal(got, np.rot90(img, 1)) or np.array_equal(got, np.rot90(img, 3)))
+
+  def test_flip_rotate_augmentation(self):
+    img = tf.constant(_image(12, (16, 16, 3)))
+    fn = augment.AUGMENTATIONS['flip_rotate']
+    a = fn(img, tf.constant([5, 6], tf.int64)).numpy()
+    np.testing.assert_array_equal(a, fn(img, tf.constant([5, 6], tf.int64)).numpy())
+    self.assertEqual((a.shape, a.dtype), ((16, 16, 3), np.uint8))
+    outs = [fn(img, tf.constant([5, s], tf.int64)).numpy() for s in range(10)]
+    self.assertGreater(len({o.tobytes() for o in outs}), 5)
+    # Rotations by a non-zero angle uncover corners, filled with black (torchvision's default).
+    self.assertGreater(sum(int(np.all(o[0, 0] == 0)) for o in outs), 5)
+
 
 class PolicyTest(absltest.TestCase):
 

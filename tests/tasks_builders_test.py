@@ -11,6 +11,7 @@ import numpy as np
 from PIL import Image
 
 from tasks import base
+from tasks import office_caltech10
 from tasks import registry
 from tasks import tiny_imagenet
 
@@ -91,6 +92,85 @@ class TinyImagenetTest(absltest.TestCase):
     with self.assertRaisesRegex(base.DatasetNotFoundError,
                                 r'--data_dir.*tasks\.tiny_imagenet.*tiny-imagenet-200\.zip'):
       task.load_split('train', tempfile.mkdtemp())
+
+
+class OfficeCaltech10Test(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    root = tempfile.mkdtemp()
+    cls.manual = os.path.join(root, 'office_caltech_10')
+    cls.expected = {'train': [], 'test': []}
+    for d, domain in enumerate(office_caltech10.DOMAINS):
+      for c, cls_name in enumerate(office_caltech10.CLASSES):
+        folder = os.path.join(cls.manual, domain, cls_name)
+        os.makedirs(folder)
+        for k in range(3 if d == 0 else 2):
+          name = f'frame_{c}_{k}.jpg' if k else f'img_{c}.png'
+          # Odd sizes and a greyscale PNG: everything comes out 64x64 RGB.
+          mode = 'L' if k == 0 else 'RGB'
+          color = 25 * c if mode == 'L' else (25 * c, 60 * d, 100)
+          Image.new(mode, (90 + 10 * k, 70), color).save(os.path.join(folder, name))
+          split = 'test' if office_caltech10.is_test(domain, cls_name, name) else 'train'
+          cls.expected[split].append((c, d))
+        with open(os.path.join(folder, 'Thumbs.db'), 'w') as f:
+          f.write('not an image')
+    cls.data_dir = os.path.join(root, 'tfds')
+    office_caltech10.prepare(cls.data_dir, cls.manual)
+
+  def test_splits_labels_domains(self):
+    task = registry.get('office_caltech10')
+    self.assertEqual(task.domains, ('amazon', 'caltech', 'dslr', 'webcam'))
+    self.assertEqual((task.default_model, task.default_partition), ('alexnet_bn', 'domain'))
+    self.assertEqual(task.defaults['num_clients'], 4)
+    self.assertNotEmpty(self.expected['test'])  # The hash split put some files in each split.
+    total = 0
+    for split in ('train', 'test'):
+      x, y, d = task.load_split(split, self.data_dir)
+      self.assertEqual(x.shape, (len(self.expected[split]), 64, 64, 3))
+      self.assertEqual(x.dtype, np.uint8)
+      self.assertEqual((y.dtype, d.dtype), (np.int64, np.int64))
+      self.assertEqual(sorted(zip(y.tolist(), d.tolist())), sorted(self.expected[split]))
+      # Pixel content follows label and domain (colour set from them above).
+      for i in range(len(y)):
+        self.assertLess(abs(int(x[i, 32, 32, 0]) - 25 * int(y[i])), 3)
+      total += len(y)
+    self.assertEqual(total, 10 * (3 + 2 + 2 + 2))
+
+  def test_split_is_a_stable_hash(self):
+    # Pinned values: the split must not change between machines or Python versions.
+    got = [office_caltech10.is_test('amazon', 'mug', f'frame_{i:04d}.jpg') for i in range(40)]
+    many = [office_caltech10.is_test('caltech', 'bike', f'{i}.jpg') for i in range(2000)]
+    self.assertBetween(np.mean(many), 0.17, 0.23)  # About one in five.
+    self.assertEqual(got, [office_caltech10.is_test('amazon', 'mug', f'frame_{i:04d}.jpg')
+                           for i in range(40)])
+    self.assertEqual(''.join('1' if g else '0' for g in got), PINNED_OFFICE_SPLIT)
+
+  def test_domain_test_datasets_and_partition(self):
+    from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
+    task = registry.get('office_caltech10')
+    _, y, d = task.load_split('train', self.data_dir)
+    parts = partitions.domain_partition(d)
+    self.assertLen(parts, 4)
+    for k, p in enumerate(parts):
+      self.assertTrue(np.all(d[p] == k))
+    per_domain = task.domain_test_datasets(self.data_dir, batch_size=100)
+    self.assertEqual(sorted(per_domain), sorted(set(dd for _, dd in self.expected['test'])))
+
+  def test_missing_dataset(self):
+    with self.assertRaisesRegex(base.DatasetNotFoundError,
+                                r'--data_dir.*tasks\.office_caltech10.*--manual_dir'):
+      registry.get('office_caltech10').load_split('train', tempfile.mkdtemp())
+
+  def test_missing_domain_folder(self):
+    bad = tempfile.mkdtemp()
+    os.makedirs(os.path.join(bad, 'amazon', 'mug'))
+    with self.assertRaisesRegex(Exception, r'missing domain folders.*caltech'):
+      office_caltech10.prepare(os.path.join(bad, 'tfds'), bad)
+
+
+PINNED_OFFICE_SPLIT = '0000010000000000000000000000000011000000'
 
 
 if __name__ == '__main__':
