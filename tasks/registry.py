@@ -6,12 +6,14 @@ from typing import Tuple
 
 from tasks import base
 from tasks import digits
+from tasks import domainnet
 from tasks import office_caltech10
 from tasks import tfds_image
 from tasks import tiny_imagenet
 
 _TASKS = {t.name: t for t in (digits.TASK, tfds_image.CIFAR10, tfds_image.CIFAR100,
-                              tiny_imagenet.TASK, office_caltech10.TASK)}
+                              tiny_imagenet.TASK, office_caltech10.TASK,
+                              domainnet.TASK)}
 
 
 def names() -> Tuple[str, ...]:

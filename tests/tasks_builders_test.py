@@ -11,6 +11,7 @@ import numpy as np
 from PIL import Image
 
 from tasks import base
+from tasks import domainnet
 from tasks import office_caltech10
 from tasks import registry
 from tasks import tiny_imagenet
@@ -168,6 +169,38 @@ class OfficeCaltech10Test(absltest.TestCase):
     os.makedirs(os.path.join(bad, 'amazon', 'mug'))
     with self.assertRaisesRegex(Exception, r'missing domain folders.*caltech'):
       office_caltech10.prepare(os.path.join(bad, 'tfds'), bad)
+
+
+class DomainNetTest(absltest.TestCase):
+
+  def test_filtered_subset_under_mock_data(self):
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    task = registry.get('domainnet')
+    self.assertEqual((task.num_classes, task.input_shape), (10, (64, 64, 3)))
+    self.assertEqual(task.domains, domainnet.DOMAINS)
+    names = tfds.builder('domainnet/real').info.features['label'].names
+    kept = [names.index(c) for c in domainnet.CLASSES]
+    # Mock labels are random over 345 classes: 400 per domain keep about 12 each.
+    with tfds.testing.mock_data(num_examples=400):
+      x, y, d = task.load_split('train', None)
+      expected = []  # The kept labels of each domain, read independently (labels only).
+      for i, dom in enumerate(domainnet.DOMAINS):
+        ds = tfds.load(f'domainnet/{dom}', split='train',
+                       decoders={'image': tfds.decode.SkipDecoding()})
+        for ex in tfds.as_numpy(ds):
+          if int(ex['label']) in kept:
+            expected.append((kept.index(int(ex['label'])), i))
+    self.assertEqual(x.shape, (len(expected), 64, 64, 3))
+    self.assertEqual(x.dtype, np.uint8)
+    self.assertEqual((y.dtype, d.dtype), (np.int64, np.int64))
+    self.assertEqual(sorted(zip(y.tolist(), d.tolist())), sorted(expected))
+    self.assertEqual(sorted(set(d.tolist())), list(range(6)))
+    self.assertGreater(x.std(), 10)  # Decoded random pixels, not zeros.
+
+  def test_missing_dataset(self):
+    with self.assertRaisesRegex(base.DatasetNotFoundError,
+                                r'--data_dir.*domainnet/clipart.*tfds build domainnet'):
+      registry.get('domainnet').load_split('test', tempfile.mkdtemp())
 
 
 PINNED_OFFICE_SPLIT = '0000010000000000000000000000000011000000'
