@@ -125,6 +125,7 @@ class OfficeCaltech10Test(absltest.TestCase):
     self.assertEqual(task.domains, ('amazon', 'caltech', 'dslr', 'webcam'))
     self.assertEqual((task.default_model, task.default_partition), ('alexnet_bn', 'domain'))
     self.assertEqual(task.defaults['num_clients'], 4)
+    self.assertEqual(task.defaults['partition'], 'domain')  # What bin/train reads.
     self.assertNotEmpty(self.expected['test'])  # The hash split put some files in each split.
     total = 0
     for split in ('train', 'test'):
@@ -178,6 +179,7 @@ class DomainNetTest(absltest.TestCase):
     task = registry.get('domainnet')
     self.assertEqual((task.num_classes, task.input_shape), (10, (64, 64, 3)))
     self.assertEqual(task.domains, domainnet.DOMAINS)
+    self.assertEqual((task.defaults['partition'], task.defaults['num_clients']), ('domain', 6))
     names = tfds.builder('domainnet/real').info.features['label'].names
     kept = [names.index(c) for c in domainnet.CLASSES]
     # Mock labels are random over 345 classes: 400 per domain keep about 12 each.
