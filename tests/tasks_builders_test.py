@@ -88,6 +88,27 @@ class TinyImagenetTest(absltest.TestCase):
     self.assertTrue(np.all(grey[..., 0] == grey[..., 1]))
     self.assertLess(abs(int(rows['val_3.JPEG']['image'][..., 0].mean()) - 120), 3)
 
+  def test_augmented_client_data_in_a_tf_function(self):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from tasks import client_data  # pylint: disable=g-import-not-at-top
+    task = registry.get('tiny_imagenet')
+    x, y, _ = task.load_split('train', self.data_dir)
+    shards = os.path.join(tempfile.mkdtemp(), 'shards')
+    client_data.write_client_shards(x, y, [np.arange(0, 20), np.arange(20, 30)], shards)
+    fn = task.client_dataset_fn(shards, batch_size=8, epochs=1)
+
+    @tf.function
+    def first_batch(cid, seed):
+      return next(iter(fn(cid, seed)))
+    a = first_batch(tf.constant('0'), tf.constant(3, tf.int64))
+    b = first_batch(tf.constant('0'), tf.constant(3, tf.int64))
+    self.assertEqual(a[0].shape, (8, 64, 64, 3))
+    self.assertEqual(a[0].dtype, tf.float32)
+    np.testing.assert_array_equal(a[0].numpy(), b[0].numpy())
+    # Normalised with mean/std 0.5: values in [-1, 1].
+    self.assertBetween(float(tf.reduce_min(a[0])), -1.0, 1.0)
+    self.assertBetween(float(tf.reduce_max(a[0])), -1.0, 1.0)
+
   def test_missing_dataset_names_data_dir_and_the_zip(self):
     task = registry.get('tiny_imagenet')
     with self.assertRaisesRegex(base.DatasetNotFoundError,
