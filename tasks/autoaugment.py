@@ -13,7 +13,7 @@ Magnitudes follow the paper: each operation's range is cut into 10 uniformly spa
   ShearX/Y     shear factor in [-0.3, 0.3] (sign drawn at random)
   TranslateX/Y up to 150/331 of the image side (the paper's 150 pixels on 331-pixel images), signed
   Rotate       up to 30 degrees, signed
-  Color, Contrast, Brightness, Sharpness   enhancement factor 1 +- 0.9 * level / 9 (range [0.1, 1.9])
+  Color, Contrast, Brightness, Sharpness   factor 1 +- 0.9 * level / 9 (range [0.1, 1.9])
   Posterize    keep 8 - round(4 * level / 9) bits (8..4)
   Solarize     invert pixels >= 256 - 256 * level / 9
   AutoContrast, Equalize, Invert   no magnitude
@@ -84,7 +84,8 @@ def _grayscale(image: tf.Tensor) -> tf.Tensor:
 
 
 def _transform(image: tf.Tensor, matrix: List, fill: float = _FILL) -> tf.Tensor:
-  """Projective transform: output pixel (x, y) samples input (a0 x + a1 y + a2, b0 x + b1 y + b2)."""
+  """Projective transform: output pixel (x, y) samples input (a0 x + a1 y + a2, b0 x + b1 y + b2).
+  """
   h, w = image.shape[0], image.shape[1]
   m = tf.cast(tf.stack([tf.cast(v, tf.float32) for v in matrix] + [0.0, 0.0]), tf.float32)
   out = tf.raw_ops.ImageProjectiveTransformV3(

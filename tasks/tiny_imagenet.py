@@ -3,8 +3,9 @@
 The TFDS catalog has no Tiny ImageNet, so `TinyImagenet` (TFDS name 'tiny_imagenet', 1.0.0) reads
 the official `tiny-imagenet-200.zip` (wnids.txt; train/<wnid>/images/*.JPEG;
 val/images/*.JPEG labelled by val/val_annotations.txt): 100,000 train images and the 10,000
-validation images exposed as the 'test' split (the test images of the zip have no labels). Labels are the wnid's index in sorted(wnids), which is what
-torchvision's ImageFolder (used by the reference) assigns; the wnid is kept as a text feature.
+validation images exposed as the 'test' split (the test images of the zip have no labels).
+Labels are the wnid's index in sorted(wnids), which is what torchvision's ImageFolder (used by the
+reference) assigns; the wnid is kept as a text feature.
 The JPEG bytes are stored as they are (no re-encoding); the few greyscale JPEGs become RGB on
 decoding (3 channels).
 
