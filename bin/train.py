@@ -110,6 +110,7 @@ def resolve_configs(argv_flags) -> list:
                      f'{", ".join(task_registry.names())}.')
   task = task_registry.get(argv_flags.task)
   defaults = dict(task.defaults)
+  defaults.setdefault('partition', task.default_partition)
   base = experiment.Config()
   values = {}
   for f in dataclasses.fields(experiment.Config):
