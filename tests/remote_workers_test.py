@@ -20,10 +20,11 @@ import psutil
 
 from tests import testutil
 
+# SCAFFOLD: its client states (control variates) must come back to the right clients.
 # Small client lr: training amplifies last-bit differences of the summation order (each worker
 # sums its own clients, then the partial sums are merged), so the comparison stays meaningful.
-_CONFIG = ('--task=digits', '--num_clients=4', '--clients_per_round=4', '--rounds=2',
-           '--local_epochs=1', '--regularizer=none', '--client_lr=0.002', '--seed=3',
+_CONFIG = ('--task=digits', '--algorithm=scaffold', '--num_clients=4', '--clients_per_round=4',
+           '--rounds=2', '--local_epochs=1', '--regularizer=none', '--client_lr=0.002', '--seed=3',
            '--runtime=tff', '--eval_every=2')
 _TOLERANCE = 1e-3
 

@@ -241,6 +241,66 @@ class _TranslatingContext(tff.framework.SyncContext):
       raise
 
 
+async def _ordered_mergeable_invoke(comp, arg, contexts):
+  """Runs a MergeableCompForm over `contexts`, keeping the clients in their original order.
+
+  TFF 0.87's MergeableCompExecutionContext concatenates the groups' clients-placed results in the
+  order the workers finish, so `next` can hand back client states in a different client order
+  (measured with SCAFFOLD: groups swapped). Here every stage keeps argument order, and partial
+  aggregates are merged in group order, so results do not depend on timing.
+  """
+  from tensorflow_federated.python.common_libs import structure  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.execution_contexts import mergeable_comp_execution_context as mc  # pylint: disable=g-import-not-at-top,line-too-long
+  from tensorflow_federated.python.core.impl.types import type_analysis  # pylint: disable=g-import-not-at-top
+  import asyncio  # pylint: disable=g-import-not-at-top
+
+  arg_list = arg.value() if arg is not None else [None] * len(contexts)
+
+  async def in_order(fn):
+    out = []
+    for start in range(0, len(arg_list), len(contexts)):
+      wave = zip(arg_list[start:start + len(contexts)], contexts)
+      out.extend(await asyncio.gather(*[fn(x, ctx) for x, ctx in wave]))
+    return out
+
+  partials = await in_order(lambda x, ctx: ctx.invoke(comp.up_to_merge, x))
+  merged = partials[0]
+  for partial in partials[1:]:
+    merged = await contexts[0].invoke(comp.merge, structure.Struct.unnamed(merged, partial))
+
+  def after(x, ctx):
+    return mc._compute_after_merged(comp, x, merged, ctx)  # pylint: disable=protected-access
+  result_type = comp.after_merge.type_signature.result
+  if type_analysis.contains_only(
+      result_type, lambda t: not isinstance(t, tff.FederatedType) or t.all_equal):
+    return await after(arg_list[0], contexts[0])  # Nothing clients-placed: any group will do.
+  return mc._repackage_partitioned_values(await in_order(after), result_type_spec=result_type)  # pylint: disable=protected-access
+
+
+class _MergeableContext(tff.framework.SyncContext):
+  """TFF's mergeable-computation context with the client order fixed (see above)."""
+
+  def __init__(self, contexts):
+    from tensorflow_federated.python.common_libs import async_utils  # pylint: disable=g-import-not-at-top
+    from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler  # pylint: disable=g-import-not-at-top
+    from tensorflow_federated.python.core.impl.execution_contexts import compiler_pipeline  # pylint: disable=g-import-not-at-top
+    self._contexts = list(contexts)
+    self._runner = async_utils.AsyncThreadRunner()
+    self._compiler = compiler_pipeline.CompilerPipeline(
+        mergeable_comp_compiler.compile_to_mergeable_comp_form)
+
+  def invoke(self, comp, arg):
+    from tensorflow_federated.python.core.impl.execution_contexts import mergeable_comp_execution_context as mc  # pylint: disable=g-import-not-at-top,line-too-long
+    from tensorflow_federated.python.core.impl.types import type_conversions  # pylint: disable=g-import-not-at-top
+    form = self._compiler.compile(comp)
+    if arg is not None:
+      arg = mc.MergeableCompExecutionContextValue(
+          arg, form.up_to_merge.type_signature.parameter, len(self._contexts))
+    result = self._runner.run_coro_and_return_result(
+        _ordered_mergeable_invoke(form, arg, self._contexts))
+    return type_conversions.type_to_py_container(result, form.after_merge.type_signature.result)
+
+
 def _make_context(stub_fn, asynchronous: bool = False):
   cls = tff.framework.AsyncExecutionContext if asynchronous else tff.framework.SyncExecutionContext
   return cls(
@@ -280,7 +340,8 @@ def install(max_concurrent_computation_calls: int = -1, log_path: Optional[str] 
     log_path: where the local worker's output goes (default: a temporary file).
     workers: remote `host:port` addresses of running TFF workers (bin/worker). Empty: one local
       worker process, owned by this process. One address: that worker runs everything. Several:
-      TFF's mergeable-computation context splits the clients of each round across them.
+      TFF's mergeable computation form splits the clients of each round across them (run by
+      _MergeableContext, which keeps client order; docs/remote_workers.md).
     timeout: seconds to wait for a worker to answer.
   """
   if not workers:
@@ -301,7 +362,7 @@ def install(max_concurrent_computation_calls: int = -1, log_path: Optional[str] 
       # computes the clients-placed outputs of its group ("after merge"). See
       # docs/remote_workers.md for what this costs.
       contexts = [_make_context(s, asynchronous=True) for s in stubs]
-      context = tff.backends.native.create_mergeable_comp_execution_context(contexts)
+      context = _MergeableContext(contexts)
     context = _TranslatingContext(context, addresses)
   tff.framework.set_default_context(context)
 
