@@ -18,6 +18,7 @@ default of retrying forever.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import ctypes
 import os
@@ -34,6 +35,14 @@ from absl import logging
 import grpc
 import portpicker
 import tensorflow_federated as tff
+# Internals of TFF 0.87's mergeable-computation context, reused with the client order fixed.
+from tensorflow_federated.python.common_libs import async_utils
+from tensorflow_federated.python.common_libs import structure
+from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler
+from tensorflow_federated.python.core.impl.execution_contexts import compiler_pipeline
+from tensorflow_federated.python.core.impl.execution_contexts import mergeable_comp_execution_context as _mc  # pylint: disable=line-too-long
+from tensorflow_federated.python.core.impl.types import type_analysis
+from tensorflow_federated.python.core.impl.types import type_conversions
 
 _GRPC_MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
 _GRPC_OPTIONS = [
@@ -249,11 +258,6 @@ async def _ordered_mergeable_invoke(comp, arg, contexts):
   (measured with SCAFFOLD: groups swapped). Here every stage keeps argument order, and partial
   aggregates are merged in group order, so results do not depend on timing.
   """
-  from tensorflow_federated.python.common_libs import structure  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.core.impl.execution_contexts import mergeable_comp_execution_context as mc  # pylint: disable=g-import-not-at-top,line-too-long
-  from tensorflow_federated.python.core.impl.types import type_analysis  # pylint: disable=g-import-not-at-top
-  import asyncio  # pylint: disable=g-import-not-at-top
-
   arg_list = arg.value() if arg is not None else [None] * len(contexts)
 
   async def in_order(fn):
@@ -269,32 +273,29 @@ async def _ordered_mergeable_invoke(comp, arg, contexts):
     merged = await contexts[0].invoke(comp.merge, structure.Struct.unnamed(merged, partial))
 
   def after(x, ctx):
-    return mc._compute_after_merged(comp, x, merged, ctx)  # pylint: disable=protected-access
+    return _mc._compute_after_merged(comp, x, merged, ctx)  # pylint: disable=protected-access
   result_type = comp.after_merge.type_signature.result
   if type_analysis.contains_only(
       result_type, lambda t: not isinstance(t, tff.FederatedType) or t.all_equal):
     return await after(arg_list[0], contexts[0])  # Nothing clients-placed: any group will do.
-  return mc._repackage_partitioned_values(await in_order(after), result_type_spec=result_type)  # pylint: disable=protected-access
+  results = await in_order(after)
+  repackage = _mc._repackage_partitioned_values  # pylint: disable=protected-access
+  return repackage(results, result_type_spec=result_type)
 
 
 class _MergeableContext(tff.framework.SyncContext):
   """TFF's mergeable-computation context with the client order fixed (see above)."""
 
   def __init__(self, contexts):
-    from tensorflow_federated.python.common_libs import async_utils  # pylint: disable=g-import-not-at-top
-    from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler  # pylint: disable=g-import-not-at-top
-    from tensorflow_federated.python.core.impl.execution_contexts import compiler_pipeline  # pylint: disable=g-import-not-at-top
     self._contexts = list(contexts)
     self._runner = async_utils.AsyncThreadRunner()
     self._compiler = compiler_pipeline.CompilerPipeline(
         mergeable_comp_compiler.compile_to_mergeable_comp_form)
 
   def invoke(self, comp, arg):
-    from tensorflow_federated.python.core.impl.execution_contexts import mergeable_comp_execution_context as mc  # pylint: disable=g-import-not-at-top,line-too-long
-    from tensorflow_federated.python.core.impl.types import type_conversions  # pylint: disable=g-import-not-at-top
     form = self._compiler.compile(comp)
     if arg is not None:
-      arg = mc.MergeableCompExecutionContextValue(
+      arg = _mc.MergeableCompExecutionContextValue(
           arg, form.up_to_merge.type_signature.parameter, len(self._contexts))
     result = self._runner.run_coro_and_return_result(
         _ordered_mergeable_invoke(form, arg, self._contexts))
