@@ -4,8 +4,8 @@ r"""Serves a TFF executor worker (TFF's own C++ `worker_binary`) on a port, for 
   bazel run //bin:train -- --workers=hostA:8000,hostB:8000 ...
 
 The worker runs in the foreground until Ctrl-C or SIGTERM; it never outlives this process (it is
-killed by the kernel if this process dies). Its output goes to --log (default: stderr of this
-process). What crosses the network: serialized TFF computations and values (model weights, client
+killed by the kernel if this process dies). Its output goes to --log (default: a temporary file,
+printed at start-up and removed when the worker stops). See docs/remote_workers.md. What crosses the network: serialized TFF computations and values (model weights, client
 ids and seeds, client states); each worker builds its clients' datasets itself from --cache_dir
 shards, so the client data directory must be readable on every worker at the same path.
 """
