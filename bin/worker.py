@@ -5,9 +5,10 @@ r"""Serves a TFF executor worker (TFF's own C++ `worker_binary`) on a port, for 
 
 The worker runs in the foreground until Ctrl-C or SIGTERM; it never outlives this process (it is
 killed by the kernel if this process dies). Its output goes to --log (default: a temporary file,
-printed at start-up and removed when the worker stops). See docs/remote_workers.md. What crosses the network: serialized TFF computations and values (model weights, client
-ids and seeds, client states); each worker builds its clients' datasets itself from --cache_dir
-shards, so the client data directory must be readable on every worker at the same path.
+printed at start-up and removed when the worker stops). What crosses the network: serialized TFF
+computations and values (model weights, client ids and seeds, client states); each worker builds
+its clients' datasets itself from --cache_dir shards, so the client data directory must be readable
+on every worker at the same path. See docs/remote_workers.md.
 """
 
 from __future__ import annotations
