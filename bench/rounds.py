@@ -131,8 +131,10 @@ def main(argv):
     }
     baseline = 'fedavg'
   else:
-    variants = {'tf': _config(algorithm='fedavg', regularizer='none', runtime='tf'),
-                'tff': _config(algorithm='fedavg', regularizer='none', runtime='tff')}
+    # The TFF runner first: TFF traces Keras models inside a graph, which invalidates Keras models
+    # created earlier outside it (Keras 2.14); models created afterwards are unaffected.
+    variants = {'tff': _config(algorithm='fedavg', regularizer='none', runtime='tff'),
+                'tf': _config(algorithm='fedavg', regularizer='none', runtime='tf')}
     baseline = 'tf'
   runners = {name: _Runner(c) for name, c in variants.items()}
   first, times = _alternate(runners, FLAGS.repeats)
