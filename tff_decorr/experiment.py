@@ -207,6 +207,9 @@ class Experiment:
 
   # ---- runtime ----
   def runtime(self, output_dir: Optional[str] = None):
+    """The runtime of `--runtime`. Build it before any Keras model that will be *called* later:
+    the TFF runtime traces Keras models inside a graph, and Keras 2.14 then refuses models created
+    earlier outside it ("Layer or Model is in an invalid state")."""
     c = self.config
     if c.runtime == 'tf':
       from tff_decorr.runtimes import tf_runtime  # pylint: disable=g-import-not-at-top
