@@ -70,6 +70,9 @@ def main(argv):
   print(header)
   for i, row in enumerate(counts):
     print(f'{i:>6d} ' + ' '.join(f'{int(v):>5d}' for v in row) + f' {int(row.sum()):>7d}')
+  empty = [k for k in range(task.num_classes) if counts[:, k].sum() == 0]
+  if empty:
+    print(f'classes held by no client (left out of the federation): {empty}')
   out = FLAGS.output or f'partition_{FLAGS.task}_{FLAGS.partition}.png'
   if not os.path.isabs(out):
     out = os.path.join(os.environ.get('BUILD_WORKING_DIRECTORY', os.getcwd()), out)

@@ -15,14 +15,14 @@ _GOLDEN = [[0, 5, 0, 0, 59, 23, 0, 14, 0, 0], [6, 7, 0, 26, 2, 2, 22, 1, 6, 44],
            [0, 3, 31, 7, 19, 2, 4, 33, 10, 0], [64, 25, 6, 20, 1, 0, 0, 1, 0, 0]]
 
 
-def _reference_dirichlet(labels, n_parties, beta, seed, min_require_size=10):
+def _reference_dirichlet(labels, n_parties, beta, seed, min_require_size=10, num_classes=None):
   """Independent transcription of the published algorithm (REFERENCE-NOTES §3), global RNG."""
   np.random.seed(seed)
   n = labels.shape[0]
   min_size = 0
   while min_size < min_require_size:
     idx_batch = [[] for _ in range(n_parties)]
-    for k in range(int(labels.max()) + 1):
+    for k in range(num_classes or int(labels.max()) + 1):
       idx_k = np.where(labels == k)[0]
       np.random.shuffle(idx_k)
       proportions = np.random.dirichlet(np.repeat(beta, n_parties))
@@ -55,6 +55,25 @@ class DirichletTest(parameterized.TestCase):
     self.assertLen(ours, clients)
     for a, b in zip(ours, ref):
       np.testing.assert_array_equal(a, np.asarray(b))
+
+  def test_absent_classes_still_consume_draws(self):
+    # The reference loops over k = 0..K-1 with K fixed by the dataset: a class with no examples
+    # still costs a shuffle and a Dirichlet draw. Class 3 missing in the middle, and class 10
+    # missing at the end (only `num_classes` can say it exists).
+    labels = np.random.RandomState(5).randint(0, 10, size=2000)
+    labels = labels[labels != 3]
+    for num_classes in (None, 11):
+      ours = partitions.dirichlet_partition(labels, 8, 0.3, seed=4, num_classes=num_classes)
+      ref = _reference_dirichlet(labels, 8, 0.3, 4, num_classes=num_classes)
+      for a, b in zip(ours, ref):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    # Skipping the absent classes would give a different split.
+    self.assertFalse(all(
+        np.array_equal(a, b) for a, b in zip(
+            partitions.dirichlet_partition(labels, 8, 0.3, seed=4),
+            partitions.dirichlet_partition(labels, 8, 0.3, seed=4, num_classes=11))))
+    with self.assertRaisesRegex(ValueError, 'num_classes'):
+      partitions.dirichlet_partition(labels, 8, 0.3, num_classes=5)
 
   def test_sizes_cover_everything_once_and_min_size(self):
     labels = np.random.RandomState(0).randint(0, 10, size=2000)
@@ -106,6 +125,10 @@ class DirichletTest(parameterized.TestCase):
       partitions.dirichlet_partition(labels, 20, 0.5)  # 20 clients x 10 > 100 examples.
     with self.assertRaisesRegex(ValueError, 'larger --alpha'):
       partitions.dirichlet_partition(np.arange(200) % 10, 18, 0.01, max_tries=5)
+    with self.assertRaisesRegex(ValueError, 'labels must be integers >= 0'):
+      partitions.dirichlet_partition(np.arange(100) % 10 - 1, 5, 0.5)
+    with self.assertRaisesRegex(ValueError, 'labels must be integers >= 0'):
+      partitions.dirichlet_partition(np.linspace(0, 9, 100), 5, 0.5)
 
 
 class OtherPartitionsTest(absltest.TestCase):
@@ -123,6 +146,28 @@ class OtherPartitionsTest(absltest.TestCase):
       partitions.pathological_partition(labels, 10, 11)
     with self.assertRaisesRegex(ValueError, '--classes_per_client'):
       partitions.pathological_partition(labels, 10, 0)
+
+  def test_pathological_classes_nobody_holds(self):
+    # 3 clients x 2 classes cover at most 6 of 10 classes: the rest are left out and reported.
+    labels = np.arange(1000) % 10
+    parts = partitions.pathological_partition(labels, 3, 2, seed=1)
+    held = sorted(set(labels[np.concatenate(parts)].tolist()))
+    missing = partitions.unassigned_classes(labels, parts)
+    self.assertEqual(sorted(held + missing), list(range(10)))
+    self.assertGreaterEqual(len(missing), 4)
+    # Each held class is split evenly (within one example) among its holders.
+    counts = partitions.class_count_matrix(labels, parts, 10)
+    for k in held:
+      col = counts[:, k][counts[:, k] > 0]
+      self.assertEqual(int(col.sum()), 100)
+      self.assertLessEqual(int(col.max() - col.min()), 1)
+
+  def test_iid_is_the_reference_permutation(self):
+    # The reference: np.random.seed(seed); np.random.permutation(n); np.array_split.
+    np.random.seed(3)
+    ref = np.array_split(np.random.permutation(250), 7)
+    for a, b in zip(partitions.iid_partition(250, 7, seed=3), ref):
+      np.testing.assert_array_equal(a, b)
 
   def test_iid_and_domain(self):
     parts = partitions.iid_partition(103, 10, seed=1)

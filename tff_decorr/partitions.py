@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -30,6 +30,9 @@ def _legacy_global_rng(seed: int):
 def _check_common(labels: np.ndarray, num_clients: int) -> None:
   if labels.ndim != 1:
     raise ValueError(f'labels must be a 1-D array, got shape {labels.shape}.')
+  if len(labels) and (not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0):
+    raise ValueError(f'labels must be integers >= 0 (class indices), got dtype {labels.dtype} '
+                     f'and minimum {labels.min()}.')
   if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
     raise ValueError(f'--num_clients must be an integer >= 1, got {num_clients!r}.')
   if num_clients > len(labels):
@@ -38,15 +41,24 @@ def _check_common(labels: np.ndarray, num_clients: int) -> None:
 
 
 def dirichlet_partition(labels: Sequence[int], num_clients: int, alpha: float, seed: int = 0,
-                        min_size: int = 10, max_tries: int = 1000) -> List[np.ndarray]:
+                        min_size: int = 10, max_tries: int = 1000,
+                        num_classes: Optional[int] = None) -> List[np.ndarray]:
   """Label-skewed split with per-class client proportions ~ Dir(alpha) ("noniid-labeldir").
 
   Exactly the reference algorithm (REFERENCE-NOTES §3), so the same labels and seed give every
   client exactly the examples it gets in the papers' code: seed the legacy global RNG; repeat until
-  every client holds >= min_size examples: for each class in order, shuffle its indices, draw
-  p ~ Dir(alpha * 1), zero p_j for clients already holding >= N / num_clients examples, renormalise,
-  cut at (cumsum(p) * n_k).astype(int)[:-1]; finally shuffle each client's list.
-  `alpha = inf` gives `iid_partition`. The global RNG state is restored afterwards.
+  every client holds >= min_size examples: for each class k = 0 .. num_classes - 1 in order,
+  shuffle its indices, draw p ~ Dir(alpha * 1), zero p_j for clients already holding
+  >= N / num_clients examples, renormalise, cut at (cumsum(p) * n_k).astype(int)[:-1]; finally
+  shuffle each client's list, client 0 first.
+
+  Every class index below `num_classes` (default: max label + 1, the reference's fixed K when the
+  last class occurs) consumes one shuffle and one Dirichlet draw even when it has no examples, as
+  in the reference; iterating only over the classes present would shift every later draw.
+  `alpha = inf` gives `iid_partition`.
+
+  NumPy's *global* legacy RNG is used (that is what makes it bit-exact) but its state is saved
+  before and restored after, so callers' own np.random draws are not affected.
   """
   labels = np.asarray(labels)
   _check_common(labels, num_clients)
@@ -59,7 +71,12 @@ def dirichlet_partition(labels: Sequence[int], num_clients: int, alpha: float, s
     raise ValueError(f'--num_clients={num_clients}: every client needs at least {min_size} '
                      f'examples but there are only {len(labels)}; use fewer clients.')
   n = len(labels)
-  classes = np.unique(labels)
+  k_max = int(labels.max()) + 1
+  if num_classes is None:
+    num_classes = k_max
+  elif num_classes < k_max:
+    raise ValueError(f'num_classes={num_classes} but the labels go up to {k_max - 1}.')
+  classes = range(num_classes)
   with _legacy_global_rng(seed):
     for _ in range(max_tries):
       idx_batch = [[] for _ in range(num_clients)]
@@ -127,13 +144,18 @@ def pathological_partition(labels: Sequence[int], num_clients: int, classes_per_
 
 
 def unassigned_classes(labels: Sequence[int], parts: Sequence[np.ndarray]) -> List[int]:
+  """Classes present in `labels` that no client holds (pathological with num_clients * k < C)."""
   labels = np.asarray(labels)
   held = set(np.unique(labels[np.concatenate(parts)]).tolist()) if parts else set()
   return sorted(set(np.unique(labels).tolist()) - held)
 
 
 def iid_partition(num_examples: int, num_clients: int, seed: int = 0) -> List[np.ndarray]:
-  """A random permutation cut into num_clients near-equal parts."""
+  """A random permutation cut into num_clients near-equal parts (np.array_split).
+
+  `RandomState(seed).permutation` is the same draw as the reference's
+  `np.random.seed(seed); np.random.permutation(n)`, without touching the global RNG.
+  """
   if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
     raise ValueError(f'--num_clients must be an integer >= 1, got {num_clients!r}.')
   if num_clients > num_examples:
