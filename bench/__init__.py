@@ -1,0 +1,1 @@
+"""Benchmark scripts (docs/benchmarks.md): `python -m bench.<name> [flags]`."""
