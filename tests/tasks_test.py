@@ -1,4 +1,8 @@
-"""Tasks and client data: splits, client shards, the per-client dataset function, augmentation."""
+"""Tasks and client data: registry, splits, client shards, the per-client dataset function.
+
+Augmentation is tested in augment_test.py and autoaugment_test.py; our TFDS builders in
+tasks_builders_test.py.
+"""
 
 import os
 import tempfile
@@ -8,7 +12,6 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from tasks import augment
 from tasks import base
 from tasks import client_data
 from tasks import registry
@@ -30,8 +33,46 @@ class DigitsTest(absltest.TestCase):
     self.assertEqual(xtr.max(), 255)
 
   def test_unknown_task(self):
-    with self.assertRaisesRegex(ValueError, '--task'):
+    with self.assertRaisesRegex(ValueError, '--task.*digits, cifar10'):
       registry.get('mnist')
+
+
+class RegistryTest(absltest.TestCase):
+
+  def test_every_task_is_consistent(self):
+    import dataclasses  # pylint: disable=g-import-not-at-top
+    from tasks import augment  # pylint: disable=g-import-not-at-top
+    from tff_decorr import experiment  # pylint: disable=g-import-not-at-top
+    from tff_decorr import models  # pylint: disable=g-import-not-at-top
+    self.assertEqual(set(registry.names()), {'digits', 'cifar10', 'cifar100', 'tiny_imagenet',
+                                             'office_caltech10', 'domainnet'})
+    self.assertEqual(registry.names()[0], 'digits')
+    flag_names = {f.name for f in dataclasses.fields(experiment.Config)} | {'regularizer'}
+    for name in registry.names():
+      task = registry.get(name)
+      self.assertEqual(task.name, name)
+      self.assertIn(task.default_model, models.names(), name)
+      self.assertIn(task.augmentation, augment.AUGMENTATIONS, name)
+      self.assertIn(task.default_partition, ('dirichlet', 'pathological', 'iid', 'domain'))
+      self.assertLen(task.input_shape, 3)
+      self.assertLen(task.mean, task.input_shape[-1])
+      self.assertLen(task.std, task.input_shape[-1])
+      self.assertEqual(set(task.defaults) - flag_names, set(), name)
+      for key in ('rounds', 'local_epochs', 'client_lr', 'momentum', 'batch_size',
+                  'weight_decay', 'beta', 'num_clients'):
+        self.assertIn(key, task.defaults, (name, key))
+      if task.domains:
+        self.assertEqual((task.default_model, task.default_partition), ('alexnet_bn', 'domain'))
+        self.assertEqual(task.defaults['num_clients'], len(task.domains))
+      else:
+        self.assertIn('alpha', task.defaults)
+    # The paper's settings (REFERENCE-NOTES §4).
+    c10, c100, tin = (registry.get(n) for n in ('cifar10', 'cifar100', 'tiny_imagenet'))
+    self.assertEqual((c10.defaults['rounds'], c10.defaults['weight_decay']), (100, 1e-5))
+    self.assertEqual((c100.defaults['rounds'], c100.defaults['weight_decay']), (100, 1e-4))
+    self.assertEqual((tin.defaults['rounds'], tin.defaults['weight_decay']), (50, 1e-4))
+    self.assertEqual((c10.augmentation, c100.augmentation, tin.augmentation),
+                     ('crop_flip', 'crop_flip_autoaugment', 'autoaugment'))
 
 
 class ClientDataTest(absltest.TestCase):
@@ -86,34 +127,6 @@ class ClientDataTest(absltest.TestCase):
     mtime = os.path.getmtime(marker)
     client_data.write_client_shards(self.images, self.labels, self.parts, self.dir)
     self.assertEqual(os.path.getmtime(marker), mtime)
-
-
-class AugmentTest(absltest.TestCase):
-
-  def test_crop_flip_shape_dtype_determinism(self):
-    img = tf.constant(np.random.RandomState(0).randint(0, 255, (32, 32, 3)), tf.uint8)
-    a = augment.random_crop_flip(img, tf.constant([1, 2], tf.int64))
-    b = augment.random_crop_flip(img, tf.constant([1, 2], tf.int64))
-    self.assertEqual(a.shape, (32, 32, 3))
-    self.assertEqual(a.dtype, tf.uint8)
-    np.testing.assert_array_equal(a, b)
-    outs = {augment.random_crop_flip(img, tf.constant([1, s], tf.int64)).numpy().tobytes()
-            for s in range(20)}
-    self.assertGreater(len(outs), 5)
-
-  def test_off_at_test_time(self):
-    task = registry.get('cifar10')
-    images = np.random.RandomState(0).randint(0, 255, (6, 32, 32, 3)).astype(np.uint8)
-    labels = np.arange(6) % 10
-    d = os.path.join(tempfile.mkdtemp(), 's')
-    client_data.write_client_shards(images, labels, [np.arange(6)], d)
-    fn = task.client_dataset_fn(d, batch_size=6, train=False)
-    x1 = next(iter(fn(tf.constant('0'), tf.constant(1, tf.int64))))[0].numpy()
-    x2 = next(iter(fn(tf.constant('0'), tf.constant(2, tf.int64))))[0].numpy()
-    # Without augmentation only the order depends on the seed: same set of images.
-    self.assertEqual(sorted(map(bytes, x1.round(4))), sorted(map(bytes, x2.round(4))))
-    expected = sorted(bytes(task.preprocess(im).numpy().round(4)) for im in images)
-    self.assertEqual(sorted(map(bytes, x1.round(4))), expected)
 
 
 class TfdsTasksTest(absltest.TestCase):
