@@ -3,7 +3,10 @@ variant, rounds alternating between variants within one process, ratios per repe
 
 Ratios are computed per repeat (variant time / baseline time of the same repeat, measured back to
 back), so load changes on a shared machine affect both sides of each ratio alike; absolute seconds
-are reported for context only.
+are reported for context only. Two clocks are kept for every round: wall time, and CPU time (user +
+system seconds of this process and of its child processes, i.e. TFF's worker_binary, over the
+round). On a machine shared with other jobs wall time also counts waiting for a core, which CPU
+time does not, so CPU-time ratios are the steadier measure of the work a variant adds.
 """
 
 from __future__ import annotations
@@ -16,7 +19,21 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_DATA_DIR = '/work/shared/data/tfds'
+# The shared real CIFAR-10 (10k train, 10k test) beside the repository.
+DEFAULT_DATA_DIR = os.path.join(os.path.dirname(ROOT), 'shared', 'data', 'tfds')
+
+
+def cpu_seconds() -> float:
+  """User + system CPU seconds used so far by this process and its live child processes."""
+  import psutil  # pylint: disable=g-import-not-at-top
+  me = psutil.Process()
+  total = sum(me.cpu_times()[:2])
+  for child in me.children(recursive=True):
+    try:
+      total += sum(child.cpu_times()[:2])
+    except psutil.Error:
+      pass
+  return total
 
 
 def cache_dir() -> str:
@@ -48,30 +65,40 @@ class Runner:
     inputs = [(str(i), self._program.client_seed(c.seed, self.round + 1, i)) for i in ids]
     return ids, inputs
 
-  def step(self) -> float:
+  def step(self):
+    """Runs one round; returns (wall seconds, CPU seconds) of it."""
     ids, inputs = self.inputs()
     self.round += 1
     states = [self.client_states[i] for i in ids]
+    c0 = cpu_seconds()
     t0 = time.perf_counter()
     self.state, new_states, _ = self.runtime.run_round(self.state, inputs, states)
     elapsed = time.perf_counter() - t0
+    cpu = cpu_seconds() - c0
     for i, s in zip(ids, new_states):
       self.client_states[i] = s
-    return elapsed
+    return elapsed, cpu
 
 
 def alternate(runners: dict, repeats: int, log=print):
-  """Round 1 of every variant (tracing), then `repeats` rounds of each, in turn."""
+  """Round 1 of every variant (tracing), then `repeats` rounds of each, in turn.
+
+  Returns (first-round wall seconds, wall seconds per repeat, CPU seconds per repeat), each a dict
+  keyed by variant."""
   first = {}
   for name, r in runners.items():
-    first[name] = r.step()
+    first[name] = r.step()[0]
     log(f'  first round {name}: {first[name]:.2f}s')
-  times = {name: [] for name in runners}
+  wall = {name: [] for name in runners}
+  cpu = {name: [] for name in runners}
   for k in range(repeats):
     for name, r in runners.items():
-      times[name].append(r.step())
-    log('  repeat %d: %s' % (k + 1, ', '.join(f'{n} {t[-1]:.2f}s' for n, t in times.items())))
-  return first, times
+      w, c = r.step()
+      wall[name].append(w)
+      cpu[name].append(c)
+    log('  repeat %d: %s' % (k + 1, ', '.join(
+        f'{n} {wall[n][-1]:.2f}s wall {cpu[n][-1]:.2f}s cpu' for n in runners)), flush=True)
+  return first, wall, cpu
 
 
 def summarize(times: dict, baseline: str) -> dict:
@@ -108,12 +135,27 @@ def write(name: str, report: dict) -> str:
   return path
 
 
-def print_table(summary: dict, first: dict, baseline: str) -> None:
-  print(f'| variant | first round s | median s/round | ratio to {baseline} min / median / max |')
-  print('| --- | --- | --- | --- |')
-  for name, s in summary.items():
+def print_table(wall: dict, cpu: dict, first: dict, baseline: str) -> None:
+  print(f'| variant | first round wall s | median wall s | wall ratio to {baseline} min / median / '
+        f'max | median CPU s | CPU ratio min / median / max |')
+  print('| --- | --- | --- | --- | --- | --- |')
+  for name, s in wall.items():
+    c = cpu[name]
     print(f'| {name} | {first[name]:.2f} | {s["median_s"]:.2f} | {s["ratio_min"]:.3f} / '
-          f'{s["ratio_median"]:.3f} / {s["ratio_max"]:.3f} |')
+          f'{s["ratio_median"]:.3f} / {s["ratio_max"]:.3f} | {c["median_s"]:.2f} | '
+          f'{c["ratio_min"]:.3f} / {c["ratio_median"]:.3f} / {c["ratio_max"]:.3f} |')
+
+
+def report(name: str, report_dict: dict, title: str, baseline: str, extra: str = '') -> str:
+  """Writes bench/results/<name>.json, then prints the title, the wall/CPU table and the load."""
+  path = write(name, report_dict)
+  print('\n' + title)
+  print_table(report_dict['results'], report_dict['results_cpu'], report_dict['first_round_s'],
+              baseline)
+  m = report_dict['machine']
+  print(f'{extra}load average start {m["load_avg_start"][0]:.2f}, end '
+        f'{m["load_avg_end"][0]:.2f}; wrote {path}', flush=True)
+  return path
 
 
 def worker_pids() -> set:

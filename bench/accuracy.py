@@ -22,15 +22,16 @@ from absl import app
 from absl import flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string('data_dir', os.path.join('..', 'shared', 'data', 'tfds'), 'TFDS data dir.')
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+flags.DEFINE_string('data_dir', os.path.join(os.path.dirname(_ROOT), 'shared', 'data', 'tfds'),
+                    'TFDS data dir holding cifar10.')
 flags.DEFINE_string('output_dir', '/tmp/tff_decorr_accuracy', 'Where the runs go.')
 flags.DEFINE_enum('scale', 'cpu', ['cpu', 'paper'], 'cpu: small_cnn, 10 rounds x 2 epochs; '
                   'paper: the task defaults (MobileNetV2, 100 rounds x 10 epochs).')
 flags.DEFINE_list('alphas', ['0.05', '0.5'], 'Dirichlet alphas.')
 flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds.')
 flags.DEFINE_float('beta', 0.1, 'FedDecorr coefficient.')
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv):

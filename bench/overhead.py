@@ -25,8 +25,8 @@ from absl import app
 from absl import flags
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-# TensorFlow before absl parses flags and before TFF: Keras functional models built afterwards
-# otherwise fail with "'SymbolicTensor' object has no attribute 'node'".
+# TensorFlow at import time, before absl runs main: imported inside main, Keras functional models
+# fail to build ("'SymbolicTensor' object has no attribute 'node'", Keras 2.14).
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
 from bench import _common  # pylint: disable=g-import-not-at-top
@@ -77,24 +77,22 @@ def main(argv):
   names = ['fedavg'] + [v for v in FLAGS.variants if v != 'fedavg']
   workers_before = _common.worker_pids()
   runners = {n: _common.Runner(config(**VARIANTS[n])) for n in names}
-  first, times = _common.alternate(runners, FLAGS.repeats)
-  summary = _common.summarize(times, 'fedavg')
+  first, wall, cpu = _common.alternate(runners, FLAGS.repeats)
+  summary = _common.summarize(wall, 'fedavg')
+  cpu_summary = _common.summarize(cpu, 'fedavg')
   c = runners['fedavg'].exp.config
   examples = sum(len(p) for p in runners['fedavg'].exp.partition)
   report = {'bench': 'overhead', 'scale': FLAGS.scale, 'runtime': FLAGS.runtime,
             'repeats': FLAGS.repeats, 'num_clients': c.num_clients, 'model': c.model,
             'local_epochs': c.local_epochs, 'alpha': c.alpha, 'train_examples': examples,
             'variants': {n: VARIANTS[n] for n in names}, 'machine': machine,
-            'first_round_s': first, 'results': summary}
+            'first_round_s': first, 'results': summary,
+            'results_cpu': cpu_summary}
   del runners
-  path = _common.write(f'overhead_{FLAGS.scale}_{FLAGS.runtime}', report)
-  print(f'\noverhead ({FLAGS.scale} scale, --runtime={FLAGS.runtime}: {c.model}, '
-        f'{c.local_epochs} local epoch(s), {c.num_clients} clients x {examples} examples in all, '
-        f'cifar10); {FLAGS.repeats} timed rounds each, alternating')
-  _common.print_table(summary, first, 'fedavg')
-  m = report['machine']
-  print(f'load average start {m["load_avg_start"][0]:.2f}, end {m["load_avg_end"][0]:.2f}; '
-        f'wrote {path}')
+  _common.report(f'overhead_{FLAGS.scale}_{FLAGS.runtime}', report,
+                 f'overhead ({FLAGS.scale} scale, --runtime={FLAGS.runtime}: {c.model}, '
+                 f'{c.local_epochs} local epoch(s), {c.num_clients} clients x {examples} examples '
+                 f'in all, cifar10); {FLAGS.repeats} timed rounds each, alternating', 'fedavg')
   if FLAGS.runtime == 'tff':
     print(f'worker_binary processes before {sorted(workers_before)}; this process stops its own '
           'at exit (tff_context)')
