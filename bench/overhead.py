@@ -6,6 +6,8 @@ reported separately and excluded from the ratios.
 
   .venv/bin/python -m bench.overhead                          # CPU scale, --runtime=tf
   .venv/bin/python -m bench.overhead --runtime=tff            # the same under TFF's C++ runtime
+  .venv/bin/python -m bench.overhead --variants=fedavg+feddecorr,fedprox --repeats=15 \
+      --output_name=overhead_cpu_tf_long                       # fewer variants, more repeats
   .venv/bin/python -m bench.overhead --scale=paper --data_dir=DIR   # GPU: the paper's setting
 
 CPU scale (default): CIFAR-10 from --data_dir (here the 10,000-image train split), small_cnn
@@ -40,6 +42,8 @@ flags.DEFINE_integer('repeats', 6, 'Timed rounds per variant after the untimed t
 flags.DEFINE_integer('num_clients', 10, 'Clients (all sampled every round).')
 flags.DEFINE_list('variants', ['fedavg', 'fedavg+feddecorr', 'fedprox', 'moon', 'fedavg+feduv'],
                   'Variants to time (fedavg, the baseline, is always included).')
+flags.DEFINE_string('output_name', '', 'Name of the JSON in bench/results (default '
+                    'overhead_<scale>_<runtime>).')
 
 VARIANTS = {
     'fedavg': dict(algorithm='fedavg', regularizer='none'),
@@ -89,7 +93,7 @@ def main(argv):
             'first_round_s': first, 'results': summary,
             'results_cpu': cpu_summary}
   del runners
-  _common.report(f'overhead_{FLAGS.scale}_{FLAGS.runtime}', report,
+  _common.report(FLAGS.output_name or f'overhead_{FLAGS.scale}_{FLAGS.runtime}', report,
                  f'overhead ({FLAGS.scale} scale, --runtime={FLAGS.runtime}: {c.model}, '
                  f'{c.local_epochs} local epoch(s), {c.num_clients} clients x {examples} examples '
                  f'in all, cifar10); {FLAGS.repeats} timed rounds each, alternating', 'fedavg')
