@@ -104,6 +104,7 @@ def child():
                  'alternating', 'tf', extra=placement + '\n')
 
 def main(argv):
+  del argv  # absl passes only positional arguments; the child gets this run's flags from sys.argv.
   if FLAGS.repeats < 1:
     raise ValueError(f'--repeats: must be >= 1, got {FLAGS.repeats}.')
   if FLAGS.child_pid_file:
@@ -113,7 +114,7 @@ def main(argv):
   # TFF worker_binary processes are gone (workers of other processes are not ours to judge).
   with tempfile.NamedTemporaryFile('r', suffix='.pids') as f:
     proc = subprocess.run([sys.executable, '-m', 'bench.orchestration',
-                           f'--child_pid_file={f.name}', *argv[1:]], cwd=_common.ROOT,
+                           f'--child_pid_file={f.name}', *sys.argv[1:]], cwd=_common.ROOT,
                           check=False)
     started = {int(p) for p in f.read().split()}
   left = started & _common.worker_pids()
