@@ -37,7 +37,8 @@ flags.DEFINE_float('beta', 0.1, 'FedDecorr coefficient.')
 flags.DEFINE_integer('repeats', 7, 'Alternating rounds; the median over rounds is reported.')
 flags.DEFINE_integer('steps', 3, 'Steps per variant per round (the round time is their mean).')
 flags.DEFINE_integer('warmup', 2, 'Untimed steps per variant before timing (tracing).')
-flags.DEFINE_integer('loss_dim', 1280, 'd for the loss-only timing.')
+flags.DEFINE_integer('loss_dim', 0, 'd for the loss-only timing (0: the model\'s representation '
+                     'dimension).')
 flags.DEFINE_integer('loss_repeats', 50, 'Calls per round for the loss-only timing.')
 flags.DEFINE_bool('jit', False, 'Compile the steps with XLA (jit_compile=True).')
 flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results',
@@ -98,7 +99,8 @@ def main(argv):
     variants[name] = make_train_step(model, reg, opt, FLAGS.jit)
   rep_dim = models.representation_dim(model)
   params = models.count_parameters(model)
-  z = tf.constant(rng.randn(n, FLAGS.loss_dim), tf.float32)
+  loss_dim = FLAGS.loss_dim or rep_dim
+  z = tf.constant(rng.randn(n, loss_dim), tf.float32)
   loss_step = make_loss_step(FLAGS.jit)
 
   for name, fn in variants.items():
@@ -127,7 +129,7 @@ def main(argv):
       # Per-round ratios (the two variants ran back to back): less sensitive to load drifts.
       'ratio_paired_median': statistics.median(
           a / b for a, b in zip(times['ce+feddecorr'], times['ce'])),
-      'loss_only': {'n': n, 'd': FLAGS.loss_dim,
+      'loss_only': {'n': n, 'd': loss_dim,
                     'ms_median': statistics.median(loss_times) * 1e3,
                     'ms_all': [t * 1e3 for t in loss_times]},
       'loss_only_fraction_of_ce_step': statistics.median(loss_times) / med['ce'],
@@ -147,7 +149,7 @@ def main(argv):
         f"median of per-round ratios: {result['ratio_paired_median']:.3f}")
   print(f"1-min load average at start / end: {load_start:.2f} / {os.getloadavg()[0]:.2f} "
         f"on {os.cpu_count()} CPUs (other processes inflate and scatter the times)")
-  print(f"feddecorr_loss fwd+bwd alone, N={n}, d={FLAGS.loss_dim}: "
+  print(f"feddecorr_loss fwd+bwd alone, N={n}, d={loss_dim}: "
         f"{result['loss_only']['ms_median']:.3f} ms "
         f"({100 * result['loss_only_fraction_of_ce_step']:.2f}% of a CE step)")
   print(f'wrote {FLAGS.output}')
