@@ -40,6 +40,9 @@ flags.DEFINE_float('beta', 0.1, 'FedDecorr coefficient.')
 
 def main(argv):
   del argv
+  if FLAGS.rounds < 1 or FLAGS.local_epochs < 1:
+    raise app.UsageError(f'--rounds and --local_epochs must be >= 1, got {FLAGS.rounds} and '
+                         f'{FLAGS.local_epochs}.')
   scale = (['--model=small_cnn', f'--rounds={FLAGS.rounds}', f'--local_epochs={FLAGS.local_epochs}',
             f'--eval_every={FLAGS.rounds}'] if FLAGS.scale == 'cpu' else [])
   # Settings in the path: bin/train refuses a different configuration in an existing run dir.
