@@ -126,6 +126,23 @@ class MatchesNumpyTest(parameterized.TestCase, tf.test.TestCase):
     self.assertAllClose(regularizers.variance_loss(tf.zeros([5, c])).numpy(), 1 / np.sqrt(c))
 
 
+class GramPathTest(parameterized.TestCase, tf.test.TestCase):
+  """The N x N and d x d computations agree at realistic sizes, in float32, with and without a
+  known batch size (tf.cond inside a traced function)."""
+
+  @parameterized.parameters(('feddecorr',), ('feddecorr_paper',), ('decov',))
+  def test_wide_and_tall_match_numpy(self, name):
+    tf_fn, np_fn = FUNCS[name]
+    dynamic = tf.function(tf_fn, input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    for n, d in [(64, 512), (64, 1280), (200, 64)]:
+      z = np.random.RandomState(n + d).randn(n, d) * np.linspace(0.1, 3.0, d) + 1.0
+      z[:, :d // 2] += np.random.RandomState(1).randn(n, 1)  # correlated half
+      want = np_fn(z)
+      for fn in (tf_fn, dynamic):
+        self.assertAllClose(fn(tf.constant(z, tf.float32)).numpy(), want, rtol=5e-4,
+                            msg=f'{name} N={n} d={d}')
+
+
 class FedDecorrCheckValuesTest(tf.test.TestCase):
 
   def test_lower_bound(self):
@@ -188,9 +205,10 @@ class GradientAndTracingTest(parameterized.TestCase, tf.test.TestCase):
       self.assertIsNotNone(g)
       self.assertTrue(np.all(np.isfinite(g.numpy())), f'{name} N={n}: {g.numpy()}')
 
-  def test_gradient_flows_through_mean_and_variance(self):
+  @parameterized.parameters((6, 4), (3, 7))  # N > d: d x d Gram matrix; N < d: N x N.
+  def test_gradient_flows_through_mean_and_variance(self, n, d):
     # Compare the autodiff gradient with central finite differences (float64).
-    z0 = _inputs(6, 4, 7)
+    z0 = _inputs(n, d, 7)
     for name in ('feddecorr', 'feddecorr_paper', 'decov', 'uniformity', 'variance'):
       tf_fn, np_fn = FUNCS[name]
       z = tf.Variable(z0)
