@@ -9,7 +9,7 @@ feddecorr_loss alone (forward + gradient w.r.t. its input) at N x d.
   .venv/bin/python -m bench.regularizer_cost                 # MobileNetV2, N=64, 32x32, CPU
   .venv/bin/python -m bench.regularizer_cost --repeats=3 --steps=2   # shorter
 
-Writes bench/results/regularizer_cost.json (or --output).
+Writes bench/results/regularizer_cost_<model>.json (or --output).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ flags.DEFINE_integer('loss_dim', 0, 'd for the loss-only timing (0: the model\'s
                      'dimension).')
 flags.DEFINE_integer('loss_repeats', 50, 'Calls per round for the loss-only timing.')
 flags.DEFINE_bool('jit', False, 'Compile the steps with XLA (jit_compile=True).')
-flags.DEFINE_string('output', os.path.join(os.path.dirname(__file__), 'results',
-                                           'regularizer_cost.json'), 'JSON output path.')
+flags.DEFINE_string('output', '', 'JSON output path (default '
+                    'bench/results/regularizer_cost_<model>.json).')
 
 
 def make_train_step(model, regularizer, optimizer, jit):
@@ -138,8 +138,10 @@ def main(argv):
                   'tensorflow': tf.__version__,
                   'gpus': len(tf.config.list_physical_devices('GPU'))},
   }
-  os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output)), exist_ok=True)
-  with open(FLAGS.output, 'w') as f:
+  output = FLAGS.output or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results',
+                                        f'regularizer_cost_{FLAGS.model}.json')
+  os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+  with open(output, 'w') as f:
     json.dump(result, f, indent=2)
   print(f"\n{FLAGS.model} (d={rep_dim}, {params:,} params), N={n}, {s}x{s}, jit={FLAGS.jit}")
   print(f"| variant | median ms/step |\n| --- | --- |")
@@ -152,7 +154,7 @@ def main(argv):
   print(f"feddecorr_loss fwd+bwd alone, N={n}, d={loss_dim}: "
         f"{result['loss_only']['ms_median']:.3f} ms "
         f"({100 * result['loss_only_fraction_of_ce_step']:.2f}% of a CE step)")
-  print(f'wrote {FLAGS.output}')
+  print(f'wrote {output}')
 
 
 if __name__ == '__main__':
