@@ -123,6 +123,8 @@ def resolve_configs(argv_flags) -> list:
     values['mu'] = 1.0 if values['algorithm'] == 'moon' else 1e-3
   if argv_flags.clients_per_round is None:
     values['clients_per_round'] = defaults.get('clients_per_round', values['num_clients'])
+  # A task's projection_dim is MOON's head (CIFAR: 256, as the reference's --use_proj_head); other
+  # algorithms get no head unless --projection_dim asks for one.
   if argv_flags.projection_dim is None and values['algorithm'] != 'moon':
     values['projection_dim'] = 0
   values['model'] = values['model'] or task.default_model

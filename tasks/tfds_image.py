@@ -45,12 +45,16 @@ class TfdsImageTask(base.Task):
             f'data_dir=\'DIR\')"`), copy DIR here and pass --data_dir=DIR.')
 
 
+# MOON's projection head on CIFAR (the reference's --use_proj_head). bin/train applies a task's
+# projection_dim to --algorithm=moon only; every other algorithm gets no head unless the flag asks.
+_MOON_PROJECTION_DIM = 256
+
 CIFAR10 = TfdsImageTask(
     name='cifar10', tfds_name='cifar10', num_classes=10, input_shape=(32, 32, 3),
     default_model='mobilenet_v2_cifar', default_partition='dirichlet',
     defaults=dict(rounds=100, local_epochs=10, client_lr=0.01, momentum=0.9, batch_size=64,
                   weight_decay=1e-5, beta=0.1, alpha=0.05, num_clients=10, eval_every=1,
-                  server_momentum=0.9),
+                  server_momentum=0.9, projection_dim=_MOON_PROJECTION_DIM),
     mean=(125.3 / 255, 123.0 / 255, 113.9 / 255), std=(63.0 / 255, 62.1 / 255, 66.7 / 255),
     augmentation='crop_flip', description='CIFAR-10 (TFDS catalog)')
 
@@ -59,7 +63,7 @@ CIFAR100 = TfdsImageTask(
     default_model='mobilenet_v2_cifar', default_partition='dirichlet',
     defaults=dict(rounds=100, local_epochs=10, client_lr=0.01, momentum=0.9, batch_size=64,
                   weight_decay=1e-4, beta=0.1, alpha=0.05, num_clients=10, eval_every=1,
-                  server_momentum=0.5),
+                  server_momentum=0.5, projection_dim=_MOON_PROJECTION_DIM),
     mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762),
     # As the paper: crop, flip, then AutoAugment with the CIFAR-10 policy (tasks/autoaugment.py).
     augmentation='crop_flip_autoaugment', description='CIFAR-100 (TFDS catalog)')

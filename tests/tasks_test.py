@@ -8,10 +8,12 @@ import os
 import tempfile
 
 from absl.testing import absltest
+from absl.testing import flagsaver
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from bin import train
 from tasks import base
 from tasks import client_data
 from tasks import registry
@@ -73,6 +75,34 @@ class RegistryTest(absltest.TestCase):
     self.assertEqual((tin.defaults['rounds'], tin.defaults['weight_decay']), (50, 1e-4))
     self.assertEqual((c10.augmentation, c100.augmentation, tin.augmentation),
                      ('crop_flip', 'crop_flip_autoaugment', 'autoaugment'))
+
+
+class ResolvedSettingsTest(absltest.TestCase):
+  """What bin/train resolves from the task defaults, per algorithm (flags > task > generic)."""
+
+  def _resolve(self, **flag_values):
+    with flagsaver.flagsaver(regularizer='feddecorr', **flag_values):
+      (config,) = train.resolve_configs(train.FLAGS)
+    return config
+
+  def test_moon_projection_head_per_task(self):
+    # The reference's MOON uses a 256-d head on CIFAR-10/100 and none on TinyImageNet.
+    for task, dim in (('cifar10', 256), ('cifar100', 256), ('tiny_imagenet', 0), ('digits', 0),
+                      ('office_caltech10', 0), ('domainnet', 0)):
+      self.assertEqual(self._resolve(task=task, algorithm='moon').projection_dim, dim, task)
+      for algorithm in ('fedavg', 'fedprox', 'fedavgm', 'scaffold'):
+        self.assertEqual(self._resolve(task=task, algorithm=algorithm).projection_dim, 0,
+                         (task, algorithm))
+
+  def test_explicit_projection_dim_wins(self):
+    self.assertEqual(self._resolve(task='cifar10', algorithm='moon', projection_dim=64)
+                     .projection_dim, 64)
+    self.assertEqual(self._resolve(task='cifar100', algorithm='moon', projection_dim=0)
+                     .projection_dim, 0)
+    self.assertEqual(self._resolve(task='tiny_imagenet', algorithm='moon', projection_dim=128)
+                     .projection_dim, 128)
+    self.assertEqual(self._resolve(task='cifar10', algorithm='fedavg', projection_dim=32)
+                     .projection_dim, 32)
 
 
 class ClientDataTest(absltest.TestCase):
