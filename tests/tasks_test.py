@@ -68,13 +68,6 @@ class RegistryTest(absltest.TestCase):
         self.assertEqual(task.defaults['num_clients'], len(task.domains))
       else:
         self.assertIn('alpha', task.defaults)
-    # The paper's settings (REFERENCE-NOTES §4).
-    c10, c100, tin = (registry.get(n) for n in ('cifar10', 'cifar100', 'tiny_imagenet'))
-    self.assertEqual((c10.defaults['rounds'], c10.defaults['weight_decay']), (100, 1e-5))
-    self.assertEqual((c100.defaults['rounds'], c100.defaults['weight_decay']), (100, 1e-4))
-    self.assertEqual((tin.defaults['rounds'], tin.defaults['weight_decay']), (50, 1e-4))
-    self.assertEqual((c10.augmentation, c100.augmentation, tin.augmentation),
-                     ('crop_flip', 'crop_flip_autoaugment', 'autoaugment'))
 
 
 class ResolvedSettingsTest(absltest.TestCase):
@@ -93,6 +86,48 @@ class ResolvedSettingsTest(absltest.TestCase):
       for algorithm in ('fedavg', 'fedprox', 'fedavgm', 'scaffold'):
         self.assertEqual(self._resolve(task=task, algorithm=algorithm).projection_dim, 0,
                          (task, algorithm))
+
+  def test_paper_settings(self):
+    """Every value of REFERENCE-NOTES §4, as a run resolves it (written out here, not read from
+    the tasks): rounds, local epochs, lr, momentum, batch, weight decay, beta, clients (all
+    sampled), Dirichlet alpha, augmentation and normalisation; FedProx mu; MOON mu and
+    temperature; FedAvgM server momentum."""
+    common = dict(client_lr=0.01, momentum=0.9, batch_size=64)
+    image = dict(common, local_epochs=10, num_clients=10, clients_per_round=10,
+                 partition='dirichlet', alpha=0.05)
+    domain = dict(common, rounds=300, local_epochs=1, weight_decay=1e-5, beta=0.1,
+                  partition='domain')
+    paper = {
+        'cifar10': dict(image, rounds=100, weight_decay=1e-5, beta=0.1),
+        'cifar100': dict(image, rounds=100, weight_decay=1e-4, beta=0.05),
+        'tiny_imagenet': dict(image, rounds=50, weight_decay=1e-4, beta=0.1),
+        'office_caltech10': dict(domain, num_clients=4, clients_per_round=4),
+        'domainnet': dict(domain, num_clients=6, clients_per_round=6),
+    }
+    augmentation = {'cifar10': 'crop_flip', 'cifar100': 'crop_flip_autoaugment',
+                    'tiny_imagenet': 'autoaugment', 'office_caltech10': 'flip_rotate',
+                    'domainnet': 'flip_rotate'}
+    normalisation = {
+        'cifar10': ((125.3 / 255, 123.0 / 255, 113.9 / 255), (63.0 / 255, 62.1 / 255, 66.7 / 255)),
+        'cifar100': ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+        'tiny_imagenet': ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+        'office_caltech10': ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),  # FedBN: ToTensor only.
+        'domainnet': ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
+    }
+    server_momentum = {'cifar10': 0.9, 'cifar100': 0.5, 'tiny_imagenet': 0.5}
+    for name, expected in paper.items():
+      config = self._resolve(task=name, algorithm='fedavg')
+      self.assertEqual({k: getattr(config, k) for k in expected}, expected, name)
+      task = registry.get(name)
+      self.assertEqual(task.augmentation, augmentation[name], name)
+      np.testing.assert_allclose(task.mean, normalisation[name][0], rtol=1e-12, err_msg=name)
+      np.testing.assert_allclose(task.std, normalisation[name][1], rtol=1e-12, err_msg=name)
+      self.assertEqual(self._resolve(task=name, algorithm='fedprox').mu, 1e-3, name)
+      moon = self._resolve(task=name, algorithm='moon')
+      self.assertEqual((moon.mu, moon.temperature), (1.0, 0.5), name)
+      if name in server_momentum:
+        self.assertEqual(self._resolve(task=name, algorithm='fedavgm').server_momentum,
+                         server_momentum[name], name)
 
   def test_explicit_projection_dim_wins(self):
     self.assertEqual(self._resolve(task='cifar10', algorithm='moon', projection_dim=64)
