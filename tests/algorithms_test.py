@@ -8,6 +8,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
+import scipy.optimize
 import tensorflow as tf
 
 from tff_decorr import algorithms
@@ -106,11 +107,13 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     state = alg.initial_server_state(self.x0)
     x, m = [w.copy() for w in self.x0], [np.zeros_like(w) for w in self.x0]
     clients = ['0', '3']
+    trainable = alg.spec.trainable
     for _ in range(3):
       state = run(alg, state, clients)[0]
       avg = run(self.fedavg, {'weights': x}, clients)[0]['weights']
-      m = [b * mi + (1 - b) * (a - xi) for mi, a, xi in zip(m, avg, x)]
-      x = [xi + mi for xi, mi in zip(x, m)]
+      m = [b * mi + (1 - b) * (a - xi) if t else 0 * mi
+           for mi, a, xi, t in zip(m, avg, x, trainable)]
+      x = [xi + mi if t else a for xi, mi, a, t in zip(x, m, avg, trainable)]
       assert_lists_close(self, state['weights'], x, atol=1e-5)
       assert_lists_close(self, state['momentum'], m, atol=1e-5)
     # The TFF-style form ('tff'): m = b m + delta, x += server_lr m; not the reference form.
@@ -119,7 +122,29 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     s1 = run(sgdm, sgdm.initial_server_state(self.x0), clients)[0]
     avg0 = run(self.fedavg, self.s0, clients)[0]['weights']
     assert_lists_close(self, s1['weights'],
-                       [x0 + 0.7 * (a - x0) for x0, a in zip(self.x0, avg0)], atol=1e-6)
+                       [x0 + 0.7 * (a - x0) if t else a
+                        for x0, a, t in zip(self.x0, avg0, sgdm.spec.trainable)], atol=1e-6)
+
+  @parameterized.parameters('reference', 'tff')
+  def test_fedavgm_never_drives_bn_variance_negative(self, form):
+    # The clients' averaged moving variance drops to 0.01 and stays there; every other weight is
+    # unchanged. Momentum on the variance would overshoot below zero (complex eigenvalues).
+    alg = algorithms.build('fedavgm', testing.tiny_model, CFG, server_momentum=0.9, form=form)
+    var = alg.spec.names.index(next(n for n in alg.spec.names if 'moving_variance' in n))
+    target = [w.copy() for w in self.x0]
+    target[var] = np.full_like(self.x0[var], 0.01)
+    state = alg.initial_server_state(self.x0)
+    step = tf.function(alg.server_step)
+    for _ in range(30):
+      state = step(state, [tf.constant(3.0 * t) for t in target], tf.constant(3.0))
+      np.testing.assert_allclose(state['weights'][var], target[var], rtol=1e-6)
+    # Negative control, in NumPy: the same momentum applied to the variance goes negative.
+    x, m, lows = 1.0, 0.0, []
+    for _ in range(30):
+      m = 0.9 * m + (0.1 if form == 'reference' else 1.0) * (0.01 - x)
+      x += m
+      lows.append(x)
+    self.assertLess(min(lows), 0.0)
 
   def test_fedbn_keeps_bn_local(self):
     alg = algorithms.build('fedbn', testing.tiny_model, CFG)
@@ -150,37 +175,30 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     s, states, _ = run(m0, self.s0, ['2'])
     assert_lists_close(self, s['weights'], self.y['2'])
     assert_lists_close(self, states[0]['previous'], self.y['2'])
-    # A previous model different from the global one makes the contrastive term act.
-    prev = {'previous': self.y['3']}
-    a = run(moon(temperature=0.5), self.s0, ['2'], [prev])
-    b = run(moon(temperature=5.0), self.s0, ['2'], [prev])
-    self.assertGreater(a[2]['extra_sum'], 0.0)
-    self.assertGreater(np.abs(a[0]['weights'][0] - b[0]['weights'][0]).max(), 1e-5)
-    self.assertGreater(np.abs(a[0]['weights'][0] - self.y['2'][0]).max(), 1e-5)
 
-  def test_scaffold_control_variates_follow_option_ii(self):
-    n_total = 4
-    alg = algorithms.build('scaffold', testing.tiny_model, CFG, num_clients=n_total)
-    tr = [i for i, t in enumerate(alg.spec.trainable) if t]
-    steps = {'0': 2 * 3, '1': 2 * 2}  # 2 epochs x batches
-    s1, st, _ = run(alg, alg.initial_server_state(self.x0), ['0', '1'])
-    # Round 1: c = c_i = 0 so local training is FedAvg's.
-    for k, c in enumerate('01'):
-      want = [(self.x0[i] - self.y[c][i]) / (steps[c] * CFG.lr) for i in tr]
-      assert_lists_close(self, st[k]['control'], want, atol=1e-5)
-    assert_lists_close(self, s1['weights'],
-                       [(a + b) / 2 for a, b in zip(self.y['0'], self.y['1'])])
-    assert_lists_close(self, s1['control'],
-                       [(a + b) / n_total for a, b in zip(st[0]['control'], st[1]['control'])])
-    # Round 2, client 0 alone (server_lr 1 -> new x = y_0): c_i+ = c_i - c + (x - y)/(K lr).
-    s2, st2, _ = run(alg, s1, ['0'], [st[0]])
-    y2 = s2['weights']
-    want = [ci - c + (s1['weights'][i] - y2[i]) / (steps['0'] * CFG.lr)
-            for ci, c, i in zip(st[0]['control'], s1['control'], tr)]
-    assert_lists_close(self, st2[0]['control'], want, atol=1e-4)
-    # The correction acts: not what FedAvg gives from the same start.
-    plain = run(self.fedavg, {'weights': s1['weights']}, ['0'])[0]['weights']
-    self.assertGreater(np.abs(plain[0] - y2[0]).max(), 1e-5)
+  @parameterized.parameters(0.5, 5.0)
+  def test_moon_contrastive_term_equals_numpy(self, temperature):
+    # One batch per client (batch 16 >= every client's size), one epoch: the algorithm term of the
+    # only step is mu * l_con at the start weights, recomputed here in NumPy from the three models'
+    # representations (local in training mode, global and previous in inference mode).
+    cfg = algorithms.ClientConfig(local_epochs=1, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    mu = 0.7
+    alg = algorithms.build('moon', testing.tiny_model, cfg, mu=mu, temperature=temperature)
+    rt = tf_runtime.TfRuntime(alg, testing.make_client_dataset_fn(DATA, batch_size=16))
+    _, _, m = rt.run_round(self.s0, [('2', 0)], [{'previous': self.y['3']}])
+    x = DATA[2][0]
+    model = testing.tiny_model()
+
+    def rep(weights, training):
+      model.set_weights(weights)
+      z = model(x, training=training)['representation'].numpy().astype(np.float64)
+      return z / np.linalg.norm(z, axis=1, keepdims=True)
+
+    z, zg, zp = rep(self.x0, True), rep(self.x0, False), rep(self.y['3'], False)
+    logits = np.stack([(z * zg).sum(1), (z * zp).sum(1)], 1) / temperature
+    l_con = np.mean(np.log(np.exp(logits).sum(1)) - logits[:, 0])
+    self.assertGreater(l_con, 0.01)
+    self.assertAllClose(m['extra_sum'] / len(x), mu * l_con, rtol=1e-4)
 
   def test_fednova_equal_steps_is_fedavg_and_partial_participation_works(self):
     alg = algorithms.build('fednova', testing.tiny_model, CFG)
@@ -197,9 +215,18 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     want = [x - tau_eff * sum(p[c] * (x - self.y[c][i]) / a[c] for c in '02')
             for i, x in enumerate(self.x0)]
     assert_lists_close(self, s['weights'], want, atol=1e-5)
-    for clients in (['3'], ['0', '1', '2'], ['2', '3']):  # partial participation, 4 clients
-      s = run(alg, s, clients)[0]
-      self.assertTrue(all(np.isfinite(w).all() for w in s['weights']))
+    # Partial participation (3 of 4 clients, from the state above): p_i and tau_eff over the
+    # sampled clients only. Each y_i is one client's local training from that state (FedAvg alone).
+    clients, steps = ['0', '1', '3'], {'0': 6, '1': 4, '3': 4}
+    ys = {c: run(self.fedavg, {'weights': s['weights']}, [c])[0]['weights'] for c in clients}
+    a = {c: (t - rho * (1 - rho ** t) / (1 - rho)) / (1 - rho) for c, t in steps.items()}
+    total = sum(SIZES[int(c)] for c in clients)
+    p = {c: SIZES[int(c)] / total for c in clients}
+    tau_eff = sum(p[c] * a[c] for c in clients)
+    want = [x - tau_eff * sum(p[c] * (x - ys[c][i]) / a[c] for c in clients)
+            for i, x in enumerate(s['weights'])]
+    got = run(alg, s, clients)[0]['weights']
+    assert_lists_close(self, got, want, atol=1e-5)
 
   def test_decomposed_fast_slow(self):
     build = lambda k: algorithms.build('fedavg_decomposed', testing.tiny_decomposed_model, CFG,
@@ -267,6 +294,95 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
       algorithms.ClientConfig(momentum=1.0)
     with self.assertRaisesRegex(ValueError, 'client_states'):
       runtime(self.fedavg).run_round(self.s0, [('0', 0)], [])
+
+
+class ConvexTest(tf.test.TestCase, parameterized.TestCase):
+  """Multinomial logistic regression with L2 on two clients with different optima: a strongly
+  convex problem whose optimum x* and per-client gradients at x* are computed here in float64
+  NumPy/SciPy, independently of the library. Each client's dataset is its whole data repeated
+  K = 10 times (K full-batch steps per round), so FedAvg's client drift is deterministic."""
+
+  D, C, N, K, WD = 3, 3, 20, 10, 0.1
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    rng = np.random.RandomState(0)
+    cls.data = []
+    for i, probs in enumerate([(0.6, 0.3, 0.1), (0.1, 0.3, 0.6)]):  # label skew + feature shift
+      y = rng.choice(cls.C, size=cls.N, p=probs).astype(np.int32)
+      x = rng.normal(size=(cls.N, cls.D)) + 0.8 * np.eye(cls.C)[y] + (3.0 * i - 1.5) * np.eye(
+          cls.D)[2]
+      cls.data.append((x.astype(np.float32), y))
+    objective = lambda th: cls.objective(th, range(2))
+    opt = scipy.optimize.minimize(objective, np.zeros(cls.D * cls.C + cls.C), jac=True,
+                                  method='L-BFGS-B', options=dict(gtol=1e-12, ftol=1e-15))
+    cls.x_star, cls.f_star = opt.x, opt.fun
+    # Each client's own gradient at x* (mean CE on its data + the L2 term): SCAFFOLD's c_i limit.
+    cls.client_grads = [2 * cls.objective(cls.x_star, [i])[1] for i in range(2)]
+
+  @classmethod
+  def objective(cls, theta, clients):
+    """(1/2) sum_{i in clients} [mean CE_i + WD/2 |theta|^2] and its gradient, float64."""
+    w, b = theta[:cls.D * cls.C].reshape(cls.D, cls.C), theta[cls.D * cls.C:]
+    f, g = 0.0, np.zeros_like(theta)
+    for i in clients:
+      x, y = cls.data[i][0].astype(np.float64), cls.data[i][1]
+      z = x @ w + b
+      p = np.exp(z - z.max(1, keepdims=True))
+      p /= p.sum(1, keepdims=True)
+      f += 0.5 * (np.mean(-np.log(p[np.arange(cls.N), y])) + 0.5 * cls.WD * theta @ theta)
+      d = (p - np.eye(cls.C)[y]) / cls.N
+      g += 0.5 * (np.concatenate([(x.T @ d).ravel(), d.sum(0)]) + cls.WD * theta)
+    return f, g
+
+  def model_fn(self):
+    inputs = tf.keras.Input((self.D,))
+    rep = tf.keras.layers.Activation('linear')(inputs)
+    logits = tf.keras.layers.Dense(
+        self.C, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=1))(rep)
+    return tf.keras.Model(inputs, {'representation': rep, 'logits': logits})
+
+  def dataset_fn(self, client_id, seed):
+    del seed
+    xs = tf.constant(np.stack([d[0] for d in self.data]))
+    ys = tf.constant(np.stack([d[1] for d in self.data]))
+    i = tf.strings.to_number(client_id, tf.int32)
+    return tf.data.Dataset.from_tensors((xs[i], ys[i])).repeat(self.K)
+
+  def train(self, name, cfg, rounds=30, **hparams):
+    alg = algorithms.build(name, self.model_fn, cfg, **hparams)
+    rt = tf_runtime.TfRuntime(alg, self.dataset_fn)
+    state = alg.initial_server_state(alg.initial_weights())
+    states = [alg.initial_client_state(alg.initial_weights())] * 2
+    control_norms = []
+    for _ in range(rounds):
+      state, states, _ = rt.run_round(state, [('0', 0), ('1', 0)], states)
+      if name == 'scaffold':
+        control_norms.append([np.sqrt(sum(np.sum(c ** 2) for c in s['control'])) for s in states])
+    w = state['weights']
+    theta = np.concatenate([w[0].ravel(), w[1]]).astype(np.float64)
+    return theta, self.objective(theta, range(2))[0] - self.f_star, states, control_norms
+
+  @parameterized.named_parameters(('momentum_0.9', 0.9, 0.1), ('momentum_0', 0.0, 0.5))
+  def test_scaffold_reaches_the_optimum_with_bounded_control_variates(self, momentum, lr):
+    cfg = algorithms.ClientConfig(local_epochs=1, lr=lr, momentum=momentum, weight_decay=self.WD)
+    _, fedavg_gap, _, _ = self.train('fedavg', cfg)
+    theta, gap, states, norms = self.train('scaffold', cfg, num_clients=2)
+    # FedAvg stalls at a drifted point (the problem is heterogeneous enough to show it) ...
+    self.assertGreater(fedavg_gap, 1e-3)
+    # ... SCAFFOLD reaches the optimum.
+    self.assertLess(gap, 1e-7)
+    self.assertLessEqual(gap, fedavg_gap)
+    np.testing.assert_allclose(theta, self.x_star, atol=1e-3)
+    # Control variates stay bounded (at momentum 0.9 the former K*lr estimate grew without bound)
+    # and converge to each client's own gradient at the optimum.
+    bound = 2.0 * max(np.linalg.norm(g) for g in self.client_grads) / (1.0 - momentum)
+    self.assertTrue(np.all(np.isfinite(norms)))
+    self.assertLess(np.max(norms), bound)
+    for s, g in zip(states, self.client_grads):
+      got = np.concatenate([s['control'][0].ravel(), s['control'][1]])
+      np.testing.assert_allclose(got, g, atol=1e-4)
 
 
 if __name__ == '__main__':

@@ -121,6 +121,18 @@ class Workspace:
       v.assign(x)
 
 
+def effective_steps(num_steps: tf.Tensor, momentum: float) -> tf.Tensor:
+  """How far `num_steps` steps of this loop's momentum SGD move under a constant gradient g, in
+  units of lr * g: sum_{t=1..K} sum_{s<=t} rho^(t-s) = (K - rho (1 - rho^K) / (1 - rho)) / (1 - rho)
+  (buffers start at zero; = K when rho = 0). FedNova normalises by it, SCAFFOLD estimates its
+  control variates with it (Wang et al. 2020, eq. 5 with momentum)."""
+  k = tf.cast(num_steps, tf.float32)
+  if momentum == 0:
+    return k
+  rho = float(momentum)
+  return (k - rho * (1.0 - tf.pow(rho, k)) / (1.0 - rho)) / (1.0 - rho)
+
+
 class LocalResult(NamedTuple):
   weights: list  # new flat weights, model.weights order
   num_examples: tf.Tensor  # float32: examples in ONE epoch (the client's dataset size)

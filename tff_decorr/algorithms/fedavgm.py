@@ -6,7 +6,14 @@ delta = avg_i(y_i) - x (example-weighted average of the whole state, as FedAvg),
   learning rate 1-b);
 - form='tff' (TFF's server optimizer `sgdm`; alias 'sgdm'): m <- b*m + delta; x <- x + server_lr*m.
 They differ: with server_lr=1 the 'tff' form takes steps about 1/(1-b) times larger.
-The momentum covers the whole state (BN statistics included), as the reference's state_dict does.
+The momentum covers the trainable weights (BN gamma and beta included). Non-trainable state (BN
+moving mean and variance) is averaged as FedAvg does (x <- avg_i y_i), unlike the reference, which
+puts its whole state_dict through the momentum: the statistics are running estimates of the data,
+not parameters with a gradient, and momentum extrapolates them. Server momentum is an underdamped
+iteration (eigenvalues of modulus sqrt(b)), so when the clients' averaged variance drops and stays
+small, the variance overshoots below zero and the global model's logits become NaN
+(tests/algorithms_test.py). TFF's server optimizers likewise act on trainable weights only.
+Their momentum entries are kept (always zero) so the state's structure is unchanged.
 """
 
 from __future__ import annotations
@@ -49,7 +56,11 @@ class FedAvgM(fedavg.FedAvg):
     avg = base.safe_average(contribution, weight, x)
     b = tf.constant(self.server_momentum, tf.float32)
     new_x, new_m = [], []
-    for xi, ai, mi in zip(x, avg, server_state['momentum']):
+    for xi, ai, mi, trainable in zip(x, avg, server_state['momentum'], self.spec.trainable):
+      if not trainable:  # BN statistics: averaged, never extrapolated (see the module docstring).
+        new_x.append(ai)
+        new_m.append(tf.zeros_like(xi))
+        continue
       delta = ai - xi
       if self.form == 'reference':
         m = b * mi + (1.0 - b) * delta

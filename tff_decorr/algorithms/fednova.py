@@ -16,6 +16,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tff_decorr.algorithms import base
+from tff_decorr.algorithms import client_update
 
 
 class FedNova(base.Algorithm):
@@ -23,12 +24,7 @@ class FedNova(base.Algorithm):
 
   def _client_step(self, ws, broadcast, dataset, client_state):
     res = self._train(ws, broadcast['weights'], dataset)
-    tau = tf.cast(res.num_steps, tf.float32)
-    rho = self.config.momentum
-    if rho > 0:
-      a = (tau - rho * (1.0 - tf.pow(rho, tau)) / (1.0 - rho)) / (1.0 - rho)
-    else:
-      a = tau
+    a = client_update.effective_steps(res.num_steps, self.config.momentum)
     n = res.num_examples
     d = [tf.math.divide_no_nan(tf.convert_to_tensor(x) - y, a)
          for x, y in zip(broadcast['weights'], res.weights)]

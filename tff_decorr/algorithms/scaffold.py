@@ -3,7 +3,17 @@
 Server state: x (global weights), c (server control variate, one per trainable weight).
 Client state: c_i (one per trainable weight), initially 0. Client i, from y_i = x:
   each local step uses the corrected gradient g + c - c_i (before weight decay and momentum);
-  after K local steps:  c_i+ = c_i - c + (x - y_i) / (K * lr)          (option II)
+  after K local steps:  c_i+ = c_i - c + (x - y_i) / (a_K * lr)          (option II)
+  with a_K = client_update.effective_steps(K, rho) = (K - rho (1 - rho^K)/(1 - rho)) / (1 - rho),
+  the distance K momentum-SGD steps travel per unit of constant gradient (a_K = K at rho = 0:
+  the paper's option II exactly).
+Why a_K and not K: the paper's SCAFFOLD uses plain SGD. With momentum rho the K steps move about
+a_K/K (up to 1/(1-rho)) times further, so (x - y_i)/(K lr) overestimates the corrected gradient
+g + c - c_i by that factor, and the error on c - c_i grows each round: at rho = 0.9, K >= 4 the
+run diverges. With a_K the estimate is exact for a constant gradient, and the optimum is a fixed
+point: there g_i(x*) + c - c_i = 0, so the momentum buffer stays at zero and y_i = x*.
+NIID-Bench instead applies the correction outside the momentum and divides by K; that is stable
+but its fixed point is not the optimum under momentum (docs/algorithms.md has the measurement).
   uploads (y_i - x, c_i+ - c_i) with weight 1 (a uniform average over the sampled clients, as in
   the paper). Non-trainable state (BN statistics) is part of y_i - x; it has no control variate.
 Server, S = sampled clients, N = total clients (`num_clients`):
@@ -17,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_decorr.algorithms import base
+from tff_decorr.algorithms import client_update
 
 
 class Scaffold(base.Algorithm):
@@ -55,7 +66,7 @@ class Scaffold(base.Algorithm):
 
     res = self._train(ws, broadcast['weights'], dataset, grad_correction=correct)
     x = [tf.convert_to_tensor(w) for w in broadcast['weights']]
-    k_lr = tf.cast(res.num_steps, tf.float32) * self.config.lr
+    k_lr = client_update.effective_steps(res.num_steps, self.config.momentum) * self.config.lr
     x_tr = [w for w, t in zip(x, self.spec.trainable) if t]
     y_tr = [w for w, t in zip(res.weights, self.spec.trainable) if t]
     new_ci = [tf.where(k_lr > 0, cij - cj + (xj - yj) / tf.maximum(k_lr, 1e-30), cij)
