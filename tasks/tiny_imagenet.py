@@ -7,7 +7,8 @@ validation images exposed as the 'test' split (the test images of the zip have n
 Labels are the wnid's index in sorted(wnids), which is what torchvision's ImageFolder (used by the
 reference) assigns; the wnid is kept as a text feature.
 The JPEG bytes are stored as they are (no re-encoding); the few greyscale JPEGs become RGB on
-decoding (3 channels).
+decoding (3 channels). TFDS stores the examples shuffled; the task returns them in ImageFolder's
+order (sorted wnid, then sorted file name), the order the reference's partition indexes.
 
 Prepare offline (reads <manual_dir>/tiny-imagenet-200.zip, else downloads the official URL):
   .venv/bin/python -m tasks.tiny_imagenet --data_dir=DIR --manual_dir=DIR_WITH_ZIP
@@ -21,7 +22,9 @@ import io
 import os
 import posixpath
 import zipfile
-from typing import Optional
+from typing import ClassVar, Dict, Optional, Tuple
+
+import numpy as np
 
 from tasks import base
 from tasks import tfds_image
@@ -125,10 +128,20 @@ def prepare(data_dir: str, manual_dir: Optional[str] = None) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TinyImagenetTask(tfds_image.TfdsImageTask):
+  order_features: ClassVar[Tuple[str, ...]] = ('wnid', 'file_name')
 
   def load_split(self, split: str, data_dir: Optional[str]):
     builder_class()  # Registers 'tiny_imagenet' with TFDS.
     return super().load_split(split, data_dir)
+
+  def original_order(self, split: str, data_dir: Optional[str],
+                     features: Dict[str, np.ndarray]) -> np.ndarray:
+    """torchvision ImageFolder's order, which the reference indexes: class folders (wnids) sorted,
+    then file names sorted as strings (train/<wnid>/images/*, and val/<wnid>/* after the
+    reference's val reformatting)."""
+    del split, data_dir
+    keys = list(zip(features['wnid'].tolist(), features['file_name'].tolist()))
+    return np.array(sorted(range(len(keys)), key=keys.__getitem__), np.int64)
 
   def _missing_message(self, data_dir, err=None):
     where = data_dir or '~/tensorflow_datasets (the TFDS default)'

@@ -75,6 +75,28 @@ class TinyImagenetTest(absltest.TestCase):
     order = sorted(self.wnids)
     self.assertEqual(sorted(yt.tolist()), sorted(order.index(w) for _, w in self.val))
 
+  def test_splits_come_back_in_image_folder_order(self):
+    # The reference indexes torchvision ImageFolder's order: wnid folders sorted, then file
+    # names sorted. TFDS stores the examples shuffled; load_split restores that order.
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    stored = [ex['file_name'].decode() for ex in tfds.as_numpy(tfds.load(
+        'tiny_imagenet', split='train', data_dir=self.data_dir, download=False))]
+    self.assertNotEqual(stored, sorted(stored))
+    task = registry.get('tiny_imagenet')
+    x, y, _ = task.load_split('train', self.data_dir)
+    # The zip lists the wnids in reverse sorted order: listed position i has sorted label 199 - i
+    # and colour (i, 255 - i, 7 j) for its image j (j = 0, 1 for i < 3).
+    expected = [(199 - i, i, 7 * j) for i in reversed(range(200)) for j in range(2 if i < 3 else 1)]
+    self.assertEqual(y.tolist(), [label for label, _, _ in expected])
+    centre = x[:, 32, 32].astype(int)
+    np.testing.assert_allclose(centre[:, 0], [i for _, i, _ in expected], atol=3)
+    np.testing.assert_allclose(centre[:, 2], [b for _, _, b in expected], atol=3)
+    # val: (wnid, file name) order is val_3 (label 0), val_1 (49), val_0 and val_4 (196), val_2
+    # (199); val_k is red 40 k (val_1: grey 40).
+    xt, yt, _ = task.load_split('test', self.data_dir)
+    self.assertEqual(yt.tolist(), [0, 49, 196, 196, 199])
+    np.testing.assert_allclose(xt[:, 32, 32, 0].astype(int), [120, 40, 0, 160, 80], atol=3)
+
   def test_labels_follow_sorted_wnids_and_greyscale_becomes_rgb(self):
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     ds = tfds.load('tiny_imagenet', split='test', data_dir=self.data_dir, download=False)

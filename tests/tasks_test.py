@@ -6,6 +6,7 @@ tasks_builders_test.py.
 
 import os
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import flagsaver
@@ -194,12 +195,56 @@ class ClientDataTest(absltest.TestCase):
     self.assertEqual(os.path.getmtime(marker), mtime)
 
 
+def _mock_cifar(numbers, prefix=None):
+  """An `as_dataset_fn` for tfds.testing.mock_data: one example per number, stored in the given
+  order, id '<split>_<number>' (TFDS's CIFAR form; `prefix` overrides '<split>'), label number %
+  10, every pixel (number % 256, number // 256, 7)."""
+  numbers = np.asarray(numbers, np.int64)
+
+  def as_dataset(self, split, **kwargs):
+    del self, kwargs
+    images = np.zeros((len(numbers), 32, 32, 3), np.uint8)
+    images[..., 0] = (numbers % 256)[:, None, None]
+    images[..., 1] = (numbers // 256)[:, None, None]
+    images[..., 2] = 7
+    return tf.data.Dataset.from_tensor_slices({
+        'id': [f'{prefix or split}_{n}' for n in numbers], 'image': images,
+        'label': numbers % 10, 'coarse_label': numbers % 20})
+  return as_dataset
+
+
+def _numbers(images):
+  return images[:, 0, 0, 0].astype(np.int64) + 256 * images[:, 0, 0, 1]
+
+
+def _fake_cifar10_files(root, batch_sizes, test_size):
+  """The CIFAR-10 binary distribution's layout: records of 1 label byte + 3072 pixel bytes (CHW),
+  five train batch files and a test file. Example i of a split has every pixel
+  (i % 256, i // 256, 11) and label (3 * i) % 10."""
+  folder = os.path.join(root, 'cifar-10-batches-bin')
+  os.makedirs(folder)
+  with open(os.path.join(folder, 'batches.meta.txt'), 'w') as f:
+    f.write('\n'.join(f'class{k}' for k in range(10)) + '\n')
+
+  def write(name, indices):
+    with open(os.path.join(folder, name), 'wb') as f:
+      for i in indices:
+        chw = np.stack([np.full((32, 32), i % 256), np.full((32, 32), i // 256),
+                        np.full((32, 32), 11)]).astype(np.uint8)
+        f.write(bytes([(3 * i) % 10]) + chw.tobytes())
+  start = 0
+  for b, size in enumerate(batch_sizes):
+    write(f'data_batch_{b + 1}.bin', range(start, start + size))
+    start += size
+  write('test_batch.bin', range(test_size))
+
+
 class TfdsTasksTest(absltest.TestCase):
 
   def test_cifar_under_mock_data(self):
     for name, classes in (('cifar10', 10), ('cifar100', 100)):
       task = registry.get(name)
-      with tfds.testing.mock_data(num_examples=12):
+      with tfds.testing.mock_data(as_dataset_fn=_mock_cifar(np.arange(12)[::-1])):
         x, y, _ = task.load_split('train', None)
         test = next(iter(task.test_dataset(None, batch_size=4)))
       self.assertEqual(x.shape, (12, 32, 32, 3))
@@ -207,6 +252,49 @@ class TfdsTasksTest(absltest.TestCase):
       self.assertTrue(np.all((y >= 0) & (y < classes)))
       self.assertEqual(test[0].shape, (4, 32, 32, 3))
       self.assertEqual(test[0].dtype, tf.float32)
+
+  def test_cifar_splits_follow_the_ids_numerically(self):
+    # Stored shuffled, and with ids of several widths: '..._10' sorts before '..._9' as text.
+    stored = [9, 100, 0, 10, 42, 1, 256, 99, 1000]
+    for name in ('cifar10', 'cifar100'):
+      for split in ('train', 'test'):
+        with tfds.testing.mock_data(as_dataset_fn=_mock_cifar(stored)):
+          x, y, _ = registry.get(name).load_split(split, None)
+        self.assertEqual(_numbers(x).tolist(), [0, 1, 9, 10, 42, 99, 100, 256, 1000],
+                         (name, split))
+        self.assertEqual(y.tolist(), [0, 1, 9, 0, 2, 9, 0, 6, 0], (name, split))
+        self.assertTrue(np.all(x[..., 2] == 7))
+
+  def test_cifar_ids_that_cannot_give_the_order_are_refused(self):
+    task = registry.get('cifar10')
+    with tfds.testing.mock_data(num_examples=5):  # Random text ids.
+      with self.assertRaisesRegex(ValueError, r"--data_dir: cifar10 split 'train'.*example id.*"
+                                  r'tfds build cifar10 --data_dir=DIR'):
+        task.load_split('train', None)
+    with tfds.testing.mock_data(as_dataset_fn=_mock_cifar([3, 1, 3])):
+      with self.assertRaisesRegex(ValueError, r'--data_dir: .*repeated example indices'):
+        task.load_split('train', None)
+
+  def test_cifar10_built_by_tfds_comes_back_in_file_order(self):
+    # The real TFDS cifar10 builder over fake binary files: TFDS shuffles the stored examples
+    # (hash of the key); load_split must return them in the files' order.
+    root = tempfile.mkdtemp()
+    _fake_cifar10_files(os.path.join(root, 'extracted'), [40, 37, 41, 39, 43], 60)
+    data_dir = os.path.join(root, 'tfds')
+    with mock.patch.object(tfds.download.DownloadManager, 'download_and_extract',
+                           return_value=os.path.join(root, 'extracted')):
+      tfds.builder('cifar10', data_dir=data_dir).download_and_prepare(
+          download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+    task = registry.get('cifar10')
+    for split, n in (('train', 200), ('test', 60)):
+      stored = tfds.as_numpy(tfds.load('cifar10', split=split, data_dir=data_dir))
+      stored_ids = [ex['id'].decode() for ex in stored]
+      self.assertNotEqual(stored_ids, sorted(stored_ids), split)  # Really shuffled on disk.
+      x, y, _ = task.load_split(split, data_dir)
+      self.assertEqual(_numbers(x).tolist(), list(range(n)), split)
+      self.assertEqual(y.tolist(), [(3 * i) % 10 for i in range(n)], split)
+      self.assertTrue(np.all(x[..., 2] == 11))
+      self.assertTrue(np.all(x == x[:, :1, :1, :]))  # Each image placed whole.
 
   def test_missing_dataset_says_how_to_prepare(self):
     task = registry.get('cifar10')
@@ -220,9 +308,15 @@ class TfdsTasksTest(absltest.TestCase):
     task = registry.get('cifar10')
     x, y, _ = task.load_split('train', data_dir)
     self.assertEqual(x.shape, (10000, 32, 32, 3))
-    self.assertEqual(np.bincount(y, minlength=10).sum(), 10000)
-    xt, _, _ = task.load_split('test', data_dir)
+    # The shared split is the official data_batch_1, in the files' order: its well-known first
+    # labels (frog, truck, truck, deer, automobile, ...), first pixel and class counts.
+    self.assertEqual(y[:10].tolist(), [6, 9, 9, 4, 1, 1, 2, 7, 8, 3])
+    self.assertEqual(x[0, 0, 0].tolist(), [59, 62, 63])
+    self.assertEqual(np.bincount(y, minlength=10).tolist(),
+                     [1005, 974, 1032, 1016, 999, 937, 1030, 1001, 1025, 981])
+    xt, yt, _ = task.load_split('test', data_dir)
     self.assertEqual(xt.shape, (10000, 32, 32, 3))
+    self.assertEqual(yt[:10].tolist(), [3, 8, 8, 0, 6, 6, 1, 6, 3, 1])  # test_batch's first.
 
 
 if __name__ == '__main__':
