@@ -239,6 +239,57 @@ def _fake_cifar10_files(root, batch_sizes, test_size):
   write('test_batch.bin', range(test_size))
 
 
+class FedUvBatchesTest(absltest.TestCase):
+  """The client data of a run: FedUV drops each epoch's incomplete last batch (its official code's
+  drop_last=True); FedDecorr, like its reference, keeps it."""
+
+  BATCH = 100  # Digits, 10 clients, alpha 0.5, seed 0: clients of 88 to 187 examples.
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    from tff_decorr import experiment  # pylint: disable=g-import-not-at-top
+    cache = tempfile.mkdtemp()
+    cls.exps = {}
+    for reg in ('feduv', 'feddecorr'):
+      config = experiment.Config(task='digits', regularizer=reg, num_clients=10, alpha=0.5,
+                                 seed=0, batch_size=cls.BATCH, local_epochs=2, cache_dir=cache,
+                                 runtime='tf')
+      cls.exps[reg] = experiment.Experiment(config, log=lambda s: None)
+      cls.exps[reg].prepare_client_data()
+    cls.sizes = [len(p) for p in cls.exps['feduv'].partition]
+
+  def _batch_sizes(self, reg, cid):
+    ds = self.exps[reg].client_dataset_fn(tf.constant(str(cid)), tf.constant(5, tf.int64))
+    return [int(y.shape[0]) for _, y in ds]
+
+  def test_feduv_has_only_full_batches_and_feddecorr_keeps_the_remainder(self):
+    b = self.BATCH
+    # The cases that matter occur: a client smaller than a batch, one with a remainder.
+    self.assertTrue(any(n < b for n in self.sizes), self.sizes)
+    self.assertTrue(any(n > b and n % b for n in self.sizes), self.sizes)
+    for cid, n in enumerate(self.sizes):
+      one_epoch = [b] * (n // b)
+      self.assertEqual(self._batch_sizes('feduv', cid), one_epoch * 2, (cid, n))
+      self.assertEqual(self._batch_sizes('feddecorr', cid),
+                       (one_epoch + ([n % b] if n % b else [])) * 2, (cid, n))
+
+  def test_feduv_client_smaller_than_a_batch_has_weight_zero(self):
+    from tff_decorr.algorithms.client_update import Workspace  # pylint: disable=g-import-not-at-top
+    exp = self.exps['feduv']
+    alg = exp.algorithm
+    step = alg.make_client_step(Workspace(alg.model_fn, alg.num_models))
+    weights = alg.initial_weights()
+    broadcast = alg.broadcast(alg.initial_server_state(weights))
+    small = self.sizes.index(min(self.sizes))
+    large = self.sizes.index(max(self.sizes))
+    self.assertLess(self.sizes[small], self.BATCH)
+    for cid, trains in ((small, False), (large, True)):
+      out = step(broadcast, exp.client_dataset_fn(tf.constant(str(cid)), tf.constant(5, tf.int64)),
+                 alg.initial_client_state(weights))
+      self.assertEqual(float(out.weight) > 0, trains, (cid, float(out.weight)))
+
+
 class TfdsTasksTest(absltest.TestCase):
 
   def test_cifar_under_mock_data(self):

@@ -198,8 +198,11 @@ class Experiment:
     self.partition = parts
     self.train_labels = labels
     self.shard_dir = shard_dir
+    # FedUV's official code drops each epoch's last incomplete batch (drop_last=True); FedDecorr's
+    # reference keeps it. A FedUV client smaller than a batch trains on nothing (weight 0).
     self.client_dataset_fn = self.task.client_dataset_fn(shard_dir, batch_size=c.batch_size,
-                                                         epochs=int(c.local_epochs))
+                                                         epochs=int(c.local_epochs),
+                                                         drop_remainder=c.regularizer == 'feduv')
     return parts
 
   def test_dataset(self, batch_size: int = 256) -> tf.data.Dataset:
@@ -226,10 +229,11 @@ class Experiment:
   def evaluator(self) -> export.Evaluator:
     return export.Evaluator(self.model_fn, self.task.num_classes)
 
-  def export(self, weights, path: str) -> str:
+  def export(self, weights, path: str, extra_metadata: Optional[dict] = None) -> str:
     return export.export_saved_model(self.model_fn, weights, path, {
         'task': self.config.task, 'model': self.model_name,
-        'algorithm': self.config.algorithm, 'regularizer': self.config.regularizer})
+        'algorithm': self.config.algorithm, 'regularizer': self.config.regularizer,
+        **(extra_metadata or {})})
 
 
 def algorithm_hparams(c: Config) -> dict:
