@@ -1,5 +1,6 @@
 """Model builders: outputs, representation sizes, parameter counts, decomposition, masks, export."""
 
+import functools
 import os
 import tempfile
 
@@ -27,8 +28,70 @@ EXPECTED = {
 }
 
 
+# name -> (tiny input shape, build kwargs, number of k x k convs with k > 1 counted from the module
+# docstrings, extra parameters of the decomposed model). With the default m = k^2 the coefficients
+# have as many entries as the kernel they replace, so each decomposed layer adds its m k^2 = k^4
+# atoms: small_cnn 2 x 81; MobileNetV2 (stem + 1+2+3+4+3+3+1 = 17 depthwise) 18 x 81; ResNet20
+# (stem + 2 x 9 blocks) 19 x 81; ResNet18 (stem + 2 x 8 blocks) 17 x 81; AlexNet 11^4 + 5^4 + 3 x 3^4.
+DECOMPOSED_CASES = {
+    'small_cnn': ((8, 8, 1), {}, 2, 2 * 81),
+    'mobilenet_v2_cifar': ((8, 8, 3), {}, 18, 18 * 81),
+    'resnet20': ((8, 8, 3), {}, 19, 19 * 81),
+    'resnet18': ((8, 8, 3), {}, 17, 17 * 81),
+    'alexnet_bn': ((63, 63, 3), {'hidden_dim': 8}, 5, 14_641 + 625 + 3 * 81),
+}
+
+
 def _batch(size, channels=3, n=2, seed=0):
   return tf.constant(np.random.RandomState(seed).randn(n, size, size, channels), tf.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _twins(name):
+  """(plain, decomposed) builds of DECOMPOSED_CASES[name], built once and shared by the tests."""
+  shape, kwargs = DECOMPOSED_CASES[name][:2]
+  return tuple(models.build(name, num_classes=10, input_shape=shape, decomposed=d, **kwargs)
+               for d in (False, True))
+
+
+def _conv_layers(model):
+  """Every convolution-like layer (anything with a kernel size), by name."""
+  return {l.name: l for l in model.layers if hasattr(l, 'kernel_size')}
+
+
+def _kernel_size(layer):
+  k = layer.kernel_size
+  return k if isinstance(k, int) else max(k)
+
+
+def _plain_kernel(layer):
+  return layer.depthwise_kernel if isinstance(layer, tf.keras.layers.DepthwiseConv2D) \
+      else layer.kernel
+
+
+def _randomize(layer, rng):
+  """Gives a decomposed layer random coefficients, atoms (and bias), not the orthonormal initial
+  atoms, so that no layout error can cancel out. Returns the weights of the equivalent plain Keras
+  layer: [kernel = alpha x D computed in NumPy] (+ [bias])."""
+  # Kernel entries of variance 1 / (channels summed over), so that outputs stay O(k) and float32
+  # rounding stays far below the tolerance of the comparisons even for 512-channel convs.
+  summed = 1 if isinstance(layer, decomposed.DecomposedDepthwiseConv2D) else \
+      int(layer.coefficients.shape[0])
+  alpha = (rng.randn(*layer.coefficients.shape) / np.sqrt(summed * layer.num_atoms)).astype(
+      np.float32)
+  atoms = rng.randn(*layer.atoms.shape).astype(np.float32)
+  layer.coefficients.assign(alpha)
+  layer.atoms.assign(atoms)
+  weights = [np.einsum('abm,mhw->hwab', alpha, atoms)]  # [k, k, a, b], Keras' kernel layout
+  if layer.use_bias:
+    weights.append(rng.randn(*layer.bias.shape).astype(np.float32))
+    layer.bias.assign(weights[-1])
+  return weights
+
+
+# Which decomposed class replaces which Keras class.
+_DECOMPOSED_TYPE = {tf.keras.layers.Conv2D: decomposed.DecomposedConv2D,
+                    tf.keras.layers.DepthwiseConv2D: decomposed.DecomposedDepthwiseConv2D}
 
 
 class BuildTest(parameterized.TestCase, tf.test.TestCase):
@@ -123,18 +186,33 @@ class DecomposedTest(parameterized.TestCase, tf.test.TestCase):
     layer = decomposed.DecomposedConv2D(4, k, strides=stride, padding=padding, use_bias=use_bias,
                                         num_atoms=m)
     layer.build(x.shape)
-    rng = np.random.RandomState(2)
-    alpha = rng.randn(*layer.coefficients.shape).astype(np.float32)
-    atoms = rng.randn(*layer.atoms.shape).astype(np.float32)
-    layer.coefficients.assign(alpha)
-    layer.atoms.assign(atoms)
-    if use_bias:
-      layer.bias.assign(rng.randn(4).astype(np.float32))
-    kernel = np.einsum('iom,mhw->hwio', alpha, atoms)  # W = alpha x D, computed independently
+    weights = _randomize(layer, np.random.RandomState(2))
     plain = tf.keras.layers.Conv2D(4, k, strides=stride, padding=padding, use_bias=use_bias)
     plain.build(x.shape)
-    plain.set_weights([kernel] + ([layer.bias.numpy()] if use_bias else []))
+    plain.set_weights(weights)
     self.assertAllClose(layer(x), plain(x), atol=1e-4, rtol=1e-4)
+
+  @parameterized.parameters((3, 1, 'same', True, None, 1), (3, 2, 'valid', False, 4, 2),
+                            (5, 2, 'same', True, 30, 3))
+  def test_depthwise_equals_plain_depthwise_with_composed_kernel(self, k, stride, padding,
+                                                                 use_bias, m, mult):
+    x = _batch(9, channels=3, n=2, seed=5)
+    layer = decomposed.DecomposedDepthwiseConv2D(k, strides=stride, padding=padding,
+                                                 depth_multiplier=mult, use_bias=use_bias,
+                                                 num_atoms=m)
+    layer.build(x.shape)
+    self.assertEqual(layer.coefficients.shape, (3, mult, m or k * k))
+    self.assertEqual(layer.atoms.shape, (m or k * k, k, k))
+    weights = _randomize(layer, np.random.RandomState(6))
+    self.assertEqual(weights[0].shape, (k, k, 3, mult))  # [k, k, channels, multiplier]
+    plain = tf.keras.layers.DepthwiseConv2D(k, strides=stride, padding=padding,
+                                            depth_multiplier=mult, use_bias=use_bias)
+    plain.build(x.shape)
+    plain.set_weights(weights)
+    self.assertAllClose(layer(x), plain(x), atol=1e-4, rtol=1e-4)
+    # The config rebuilds the same layer (Keras-layer style).
+    clone = decomposed.DecomposedDepthwiseConv2D.from_config(layer.get_config())
+    self.assertEqual(clone.get_config(), layer.get_config())
 
   def test_set_from_kernel(self):
     x = _batch(6, channels=2, seed=3)
@@ -154,43 +232,90 @@ class DecomposedTest(parameterized.TestCase, tf.test.TestCase):
       layer.build((None, 8, 8, 64))
       glorot_var = 2.0 / (64 * 9 + 64 * 9)
       self.assertAllClose(np.var(layer.kernel().numpy()), glorot_var, rtol=0.1)
+      # Depthwise: Keras' Glorot fans of a [3, 3, 256, 1] kernel are 256 * 9 and 1 * 9.
+      layer = decomposed.DecomposedDepthwiseConv2D(3, num_atoms=m)
+      layer.build((None, 8, 8, 256))
+      self.assertAllClose(np.var(layer.kernel().numpy()), 2.0 / (256 * 9 + 9), rtol=0.1)
 
-  def test_decomposed_models(self):
-    for name, size, channels, n_decomposed in [('small_cnn', 8, 1, 2), ('resnet20', 32, 3, 19),
-                                               ('mobilenet_v2_cifar', 32, 3, 1)]:
-      plain = models.build(name, num_classes=10, input_shape=(size, size, channels))
-      model = models.build(name, num_classes=10, input_shape=(size, size, channels),
-                           decomposed=True, num_atoms=5 if name == 'small_cnn' else None)
-      layers = [l for l in model.submodules if isinstance(l, decomposed.DecomposedConv2D)]
-      self.assertLen(layers, n_decomposed, name)
-      atoms, coefs = models.atom_variable_mask(model), models.coefficient_variable_mask(model)
-      self.assertEqual(sum(atoms), n_decomposed)
-      self.assertEqual(sum(coefs), n_decomposed)
-      for v, a, c in zip(model.weights, atoms, coefs):
-        self.assertEqual(a, 'atoms' in v.name, v.name)
-        self.assertEqual(c, 'coefficients' in v.name, v.name)
-      self.assertEqual(models.bn_variable_mask(model).count(True),
-                       models.bn_variable_mask(plain).count(True))
-      out = model(_batch(size, channels))
-      self.assertEqual(out['logits'].shape, (2, 10))
-      # Parameters: every decomposed k x k conv trades c_in c_out k^2 for c_in c_out m + m k^2.
-      diff = sum(int(np.prod(l.coefficients.shape)) + int(np.prod(l.atoms.shape))
-                 - l.kernel_size ** 2 * int(l.coefficients.shape[0]) * l.filters for l in layers)
-      self.assertEqual(models.count_parameters(model), models.count_parameters(plain) + diff)
+  @parameterized.parameters(sorted(DECOMPOSED_CASES))
+  def test_every_spatial_conv_is_decomposed(self, name):
+    _, _, n_spatial, extra_params = DECOMPOSED_CASES[name]
+    plain, model = _twins(name)
+    plain_convs = _conv_layers(plain)
+    spatial = {n: l for n, l in plain_convs.items() if _kernel_size(l) > 1}
+    # The plain model is the architecture we think it is (counted by hand, not from the code).
+    self.assertLen(spatial, n_spatial)
+    self.assertTrue(all(type(l) in _DECOMPOSED_TYPE for l in plain_convs.values()))
+    layers = {l.name: l for l in model.layers if isinstance(l, decomposed.DecomposedConvBase)}
+    self.assertCountEqual(layers, spatial)
+    for n, layer in layers.items():
+      twin = spatial[n]
+      self.assertIsInstance(layer, _DECOMPOSED_TYPE[type(twin)], n)
+      self.assertEqual((layer.kernel_size,) * 2, twin.kernel_size, n)
+      self.assertEqual((layer.strides,) * 2, twin.strides, n)
+      self.assertEqual((layer.padding, layer.use_bias), (twin.padding, twin.use_bias), n)
+      self.assertEqual(layer.kernel().shape, _plain_kernel(twin).shape, n)
+    # Whatever is not decomposed is a plain 1x1 conv of the plain model.
+    for n, layer in _conv_layers(model).items():
+      if n not in layers:
+        self.assertIs(type(layer), type(plain_convs[n]), n)
+        self.assertEqual(_kernel_size(layer), 1, n)
+    atoms, coefs = models.atom_variable_mask(model), models.coefficient_variable_mask(model)
+    self.assertEqual((sum(atoms), sum(coefs)), (n_spatial, n_spatial))
+    for v, a, c in zip(model.weights, atoms, coefs):
+      self.assertEqual(a, 'atoms' in v.name, v.name)
+      self.assertEqual(c, 'coefficients' in v.name, v.name)
+    self.assertEqual(sum(models.bn_variable_mask(model)), sum(models.bn_variable_mask(plain)))
+    self.assertEqual(models.count_parameters(model) - models.count_parameters(plain), extra_params)
 
-  def test_decomposed_model_equals_plain_twin(self):
-    # A decomposed small_cnn whose layers are set from a plain twin's kernels computes the same.
-    plain = models.build('small_cnn', num_classes=4, input_shape=(8, 8, 1))
-    model = models.build('small_cnn', num_classes=4, input_shape=(8, 8, 1), decomposed=True)
+  @parameterized.parameters(sorted(DECOMPOSED_CASES))
+  def test_decomposed_layers_equal_plain_layers_with_composed_kernel(self, name):
+    # Each decomposed layer of the model against a plain Keras layer with the plain model's config
+    # (strides, padding, bias) and kernel = coefficients x atoms computed in NumPy.
+    plain, model = _twins(name)
+    rng = np.random.RandomState(7)
+    for layer in model.layers:
+      if not isinstance(layer, decomposed.DecomposedConvBase):
+        continue
+      weights = _randomize(layer, rng)
+      plain_layer = plain.get_layer(layer.name)
+      twin = type(plain_layer).from_config(plain_layer.get_config())
+      size = layer.kernel_size + 4  # A stride-2 conv still has a 3x3 output.
+      x = tf.constant(rng.randn(2, size, size, int(layer.coefficients.shape[0])), tf.float32)
+      twin.build(x.shape)
+      twin.set_weights(weights)
+      want = twin(x)
+      self.assertGreater(float(tf.reduce_max(tf.abs(want))), 0.0)
+      self.assertAllClose(layer(x), want, atol=1e-4, rtol=1e-4, msg=f'{name}/{layer.name}')
+
+  def test_num_atoms(self):
+    # m = 5 atoms: each 3x3 conv trades c_in c_out 9 kernel entries for c_in c_out 5 + 5 x 9.
+    plain = models.build('small_cnn', num_classes=10, input_shape=(8, 8, 1))
+    model = models.build('small_cnn', num_classes=10, input_shape=(8, 8, 1), decomposed=True,
+                         num_atoms=5)
+    layers = [l for l in model.layers if isinstance(l, decomposed.DecomposedConvBase)]
+    self.assertEqual([l.atoms.shape for l in layers], [(5, 3, 3)] * 2)
+    diff = sum(5 * n // 9 + 5 * 9 - n for n in (1 * 32 * 9, 32 * 64 * 9))
+    self.assertEqual(models.count_parameters(model), models.count_parameters(plain) + diff)
+    self.assertEqual(model(_batch(8, 1))['logits'].shape, (2, 10))
+
+  @parameterized.parameters(sorted(DECOMPOSED_CASES))
+  def test_decomposed_model_equals_plain_twin(self, name):
+    # A decomposed model whose layers are set from its plain twin's kernels computes the same.
+    plain, model = _twins(name)
+    rng = np.random.RandomState(8)
     for layer in model.layers:
       twin = plain.get_layer(layer.name)
-      if isinstance(layer, decomposed.DecomposedConv2D):
-        layer.set_from_kernel(twin.kernel.numpy())
+      if isinstance(layer, decomposed.DecomposedConvBase):
+        layer.set_from_kernel(_plain_kernel(twin).numpy())
         if layer.use_bias:
+          # Non-zero (the initial biases are 0), so that a dropped bias would show.
+          twin.bias.assign(rng.randn(*twin.bias.shape).astype(np.float32))
           layer.bias.assign(twin.bias)
       else:
         layer.set_weights(twin.get_weights())
-    x = _batch(8, channels=1, n=3, seed=4)
+    shape = DECOMPOSED_CASES[name][0]
+    x = _batch(shape[0], channels=shape[2], n=3, seed=4)
     for training in (False, True):
       a, b = model(x, training=training), plain(x, training=training)
       self.assertAllClose(a['logits'], b['logits'], atol=1e-4)
@@ -213,6 +338,18 @@ class SavedModelTest(tf.test.TestCase):
   def test_small_cnn_decomposed(self):
     model = models.build('small_cnn', num_classes=10, input_shape=(8, 8, 1), decomposed=True)
     self._roundtrip(model, _batch(8, channels=1, n=3))
+
+  def test_decomposed_depthwise(self):
+    # MobileNetV2's decomposed depthwise conv (strided, padded explicitly) in a tiny model: saving
+    # the whole decomposed MobileNetV2 takes about 30 s here, and its layers are the same classes.
+    convs = common.Convs(decomposed=True)
+    inputs = tf.keras.Input((8, 8, 3))
+    x = convs.depthwise(inputs, 3, strides=2, padding=1, use_bias=True, name='depthwise')
+    x = convs.conv(x, 4, 3, padding=1, name='conv')
+    rep, logits = common.head(tf.keras.layers.GlobalAveragePooling2D()(x), 10, None)
+    model = common.make_model(inputs, rep, logits, 'tiny')
+    self.assertIsInstance(model.get_layer('depthwise'), decomposed.DecomposedDepthwiseConv2D)
+    self._roundtrip(model, _batch(8, n=3))
 
   def test_resnet20(self):
     model = models.build('resnet20', num_classes=10, input_shape=(32, 32, 3), projection_dim=16)

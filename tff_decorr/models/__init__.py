@@ -18,7 +18,10 @@ from tff_decorr.models import decomposed as _decomposed
 from tff_decorr.models import mobilenet_v2 as _mobilenet_v2
 from tff_decorr.models import resnet as _resnet
 from tff_decorr.models import small_cnn as _small_cnn
-from tff_decorr.models.decomposed import DecomposedConv2D  # pylint: disable=unused-import
+# pylint: disable=unused-import
+from tff_decorr.models.decomposed import DecomposedConv2D, DecomposedConvBase
+from tff_decorr.models.decomposed import DecomposedDepthwiseConv2D
+# pylint: enable=unused-import
 
 _REGISTRY: Dict[str, Callable[..., tf.keras.Model]] = {
     'small_cnn': _small_cnn.small_cnn,
@@ -68,18 +71,19 @@ def bn_variable_mask(model: tf.keras.Model) -> List[bool]:
 def _decomposed_mask(model, attr) -> List[bool]:
   refs = set()
   for layer in model.submodules:
-    if isinstance(layer, _decomposed.DecomposedConv2D):
+    if isinstance(layer, _decomposed.DecomposedConvBase):
       refs.add(getattr(layer, attr).ref())
   return [v.ref() in refs for v in model.weights]
 
 
 def atom_variable_mask(model: tf.keras.Model) -> List[bool]:
-  """Per variable of `model.weights`: is it the atoms D of a DecomposedConv2D?"""
+  """Per variable of `model.weights`: is it the atoms D of a decomposed (depthwise) conv?"""
   return _decomposed_mask(model, 'atoms')
 
 
 def coefficient_variable_mask(model: tf.keras.Model) -> List[bool]:
-  """Per variable of `model.weights`: is it the coefficients alpha of a DecomposedConv2D?"""
+  """Per variable of `model.weights`: is it the coefficients alpha of a decomposed (depthwise)
+  conv?"""
   return _decomposed_mask(model, 'coefficients')
 
 

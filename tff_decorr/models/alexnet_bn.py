@@ -7,7 +7,7 @@ survives the three max-pools works: at least 63x63; FedBN uses 256x256);
 classifier: Dense 9216->4096 BN ReLU; Dense 4096->4096 BN ReLU (= the representation, 4096-d);
 Dense 4096->num_classes. Convs and dense layers have biases (PyTorch defaults). About 57M parameters.
 `hidden_dim` (default 4096, FedBN's) narrows the two hidden dense layers, e.g. for tests.
-With decomposed=True every conv (11x11, 5x5, 3x3) is decomposed.
+With decomposed=True every conv (11x11, 5x5, 3x3) is decomposed; the dense layers stay plain.
 """
 
 from __future__ import annotations

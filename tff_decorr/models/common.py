@@ -57,8 +57,9 @@ def check_common_args(num_classes, input_shape, projection_dim, decomposed, num_
 
 
 class Convs:
-  """Creates the k x k convolutions of a model: plain Conv2D, or DecomposedConv2D when
-  `decomposed` and k > 1. 1x1 convs and depthwise convs are never decomposed."""
+  """Creates the convolutions of a model: plain Conv2D / DepthwiseConv2D, or their decomposed
+  versions when `decomposed` and k > 1. 1x1 convs stay plain: with one position per filter, atoms
+  would only rescale the coefficients (m = 1 is the plain kernel plus one redundant scalar)."""
 
   def __init__(self, decomposed: bool = False, num_atoms: Optional[int] = None):
     self.decomposed = decomposed
@@ -79,8 +80,14 @@ class Convs:
   def depthwise(self, x, kernel_size: int, strides: int = 1, padding: int = 0,
                 use_bias: bool = False, name: Optional[str] = None):
     x, keras_padding = _pad(x, kernel_size, strides, padding, name)
-    return tf.keras.layers.DepthwiseConv2D(kernel_size, strides=strides, padding=keras_padding,
-                                           use_bias=use_bias, name=name)(x)
+    if self.decomposed and kernel_size > 1:
+      layer = decomposed_lib.DecomposedDepthwiseConv2D(kernel_size, strides=strides,
+                                                       padding=keras_padding, use_bias=use_bias,
+                                                       num_atoms=self.num_atoms, name=name)
+    else:
+      layer = tf.keras.layers.DepthwiseConv2D(kernel_size, strides=strides, padding=keras_padding,
+                                              use_bias=use_bias, name=name)
+    return layer(x)
 
 
 def _pad(x, kernel_size, strides, padding, name):
