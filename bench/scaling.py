@@ -100,7 +100,7 @@ def child(pop: int, out: str) -> None:
                             clients_per_round=config.clients_per_round, seed=0,
                             eval_every=config.rounds)
   program.run(runtime=runtime, algorithm=exp.algorithm, store=store, loop=loop, output_dir=out,
-              evaluate_fn=lambda w, r: {}, export_fn=lambda w, d: None,
+              evaluate_fn=lambda s, r: {}, export_fn=lambda *args: None,
               on_round_end=on_round_end, log=lambda s: None)
   with open(os.path.join(out, 'metrics.csv')) as f:
     metrics = list(csv.DictReader(f))

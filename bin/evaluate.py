@@ -4,8 +4,11 @@ r"""Evaluates an exported global model on a task's test split.
   .venv/bin/python -m bin.evaluate --saved_model=runs/<run> --task=cifar10 --data_dir=/data/tfds
 
 Prints top-1 accuracy and per-class accuracy, writes a confusion-matrix PNG and a JSON report. Given
-a FedBN run directory, also reports each client's accuracy with that client's own BatchNorm state, as
-the FedBN paper does. A SavedModel whose input or output size does not match the task is refused.
+the run directory of a personalised algorithm (FedBN; fedavg_decomposed with --coefficient_period=0),
+also reports each client's own model (exported by bin/train under export/clients/<id>/) on that
+client's test data, as the FedBN paper does, and their mean weighted by test examples. One client's
+model: --saved_model=<run>/export/clients/<id>/saved_model (bin/analyze takes the same path).
+A SavedModel whose input or output size does not match the task is refused.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
 from tff_decorr import cli  # pylint: disable=g-import-not-at-top
+from tff_decorr import personalized  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('saved_model', None, 'A SavedModel directory, or a run directory of bin/train.')
@@ -56,22 +60,18 @@ def evaluate_saved_model(saved_model: str, task_name, data_dir, batch_size: int,
                      f'{", ".join(task_registry.names())}.')
   task = task_registry.get(task_name)
   export.check_compatible(fn, meta, task.num_classes, task.input_shape, task_name)
-  conf = np.zeros((task.num_classes, task.num_classes), np.int64)
-  for images, labels in task.test_dataset(data_dir, batch_size):
-    logits = fn(images=images)['logits']
-    pred = tf.argmax(logits, -1, output_type=tf.int32)
-    conf += tf.math.confusion_matrix(tf.cast(labels, tf.int32), pred,
-                                     num_classes=task.num_classes, dtype=tf.int64).numpy()
+  if 'client_id' in meta and task.domains:  # One client's model of a domain task: its domain.
+    test_set = personalized.client_test_datasets(task, data_dir, batch_size)(meta['client_id'])
+  else:
+    test_set = task.test_dataset(data_dir, batch_size)
+  conf = _confusion(fn, test_set, task.num_classes)
   n = int(conf.sum())
   per_class = (np.diag(conf) / np.maximum(conf.sum(1), 1)).tolist()
   report = {'saved_model': saved_model, 'task': task_name, 'test_examples': n,
             'test_accuracy': float(np.trace(conf) / max(n, 1)),
             'per_class_accuracy': per_class, 'confusion_matrix': conf.tolist()}
-  if run_root is not None:
-    per_client = _fedbn_per_client(run_root, task, data_dir, batch_size)
-    if per_client is not None:
-      report['per_client_accuracy'] = per_client
-      report['mean_client_accuracy'] = float(np.mean(list(per_client.values())))
+  if run_root is not None and meta.get('personalized'):
+    report.update(_per_client(run_root, task, data_dir, batch_size))
   if output_dir is None:
     base = run_root or os.path.dirname(os.path.abspath(saved_model.rstrip(os.sep)))
     output_dir = os.path.join(base, 'evaluation')
@@ -85,19 +85,37 @@ def evaluate_saved_model(saved_model: str, task_name, data_dir, batch_size: int,
   return report
 
 
-def _fedbn_per_client(run_root, task, data_dir, batch_size):
-  """Per-client accuracy with each client's own BN state, for a FedBN run; None otherwise."""
-  cfg_path = os.path.join(run_root, 'config.json')
-  if not os.path.exists(cfg_path):
-    return None
-  with open(cfg_path) as f:
-    cfg = json.load(f)
-  if cfg.get('algorithm') != 'fedbn':
-    return None
-  from tff_decorr import fedbn_eval  # pylint: disable=g-import-not-at-top
-  return fedbn_eval.per_client_accuracy(run_root, cfg, task, data_dir, batch_size)
+def _confusion(fn, dataset, num_classes):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  conf = np.zeros((num_classes, num_classes), np.int64)
+  for images, labels in dataset:
+    pred = tf.argmax(fn(images=images)['logits'], -1, output_type=tf.int32)
+    conf += tf.math.confusion_matrix(tf.cast(labels, tf.int32), pred, num_classes=num_classes,
+                                     dtype=tf.int64).numpy()
+  return conf
 
 
+def _per_client(run_root, task, data_dir, batch_size) -> dict:
+  """Each exported client model on its own test data; the mean weighted by test examples."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from tff_decorr import export  # pylint: disable=g-import-not-at-top
+  clients_dir = os.path.dirname(os.path.dirname(personalized.client_export_dir(run_root, 0)))
+  ids = sorted((int(c) for c in os.listdir(clients_dir) if c.isdigit())
+               if os.path.isdir(clients_dir) else [])
+  if not ids:
+    raise ValueError(f'--saved_model={run_root}: a personalised run without exported client '
+                     'models (export/clients/); re-run the same bin/train command to export them.')
+  datasets = personalized.client_test_datasets(task, data_dir, batch_size)
+  per_client = []
+  for cid in ids:
+    fn, _ = export.load_serving(personalized.client_export_dir(run_root, cid))
+    conf = _confusion(fn, datasets(cid), task.num_classes)
+    per_client.append({'test_accuracy': float(np.trace(conf) / max(conf.sum(), 1)),
+                       'test_examples': int(conf.sum())})
+  summary = personalized.weighted_summary(per_client)
+  return {'per_client_test_accuracy': summary['per_client_test_accuracy'],
+          'per_client_test_examples': summary['per_client_test_examples'],
+          'mean_client_test_accuracy': summary['test_accuracy']}
 
 
 def main(argv):
@@ -120,10 +138,12 @@ def main(argv):
         f'{report["test_examples"]} test examples')
   print('per-class accuracy: ' + ' '.join(f'{i}:{a:.3f}' for i, a in
                                           enumerate(report['per_class_accuracy'])))
-  if 'per_client_accuracy' in report:
-    print('FedBN per-client accuracy (own BN state): ' + ' '.join(
-        f'{k}:{v:.3f}' for k, v in report['per_client_accuracy'].items()) +
-          f'  mean {report["mean_client_accuracy"]:.4f}')
+  if 'per_client_test_accuracy' in report:
+    print('the global model above is not what a personalised algorithm deploys; each client\'s '
+          'own model (shared weights + its local part) on its test data:')
+    print('per-client accuracy: ' + ' '.join(
+        f'{i}:{a:.3f}' for i, a in enumerate(report['per_client_test_accuracy'])) +
+          f'  mean (weighted by test examples) {report["mean_client_test_accuracy"]:.4f}')
   print(f'wrote {report["output_dir"]}/evaluation.json and {report["confusion_matrix_png"]}')
   return 0
 

@@ -163,6 +163,7 @@ def train_one(config, log=print) -> dict:
   from tff_decorr import program  # pylint: disable=g-import-not-at-top
   from tff_decorr import run_dir  # pylint: disable=g-import-not-at-top
   from tff_decorr import client_state  # pylint: disable=g-import-not-at-top
+  from tff_decorr import personalized  # pylint: disable=g-import-not-at-top
 
   program.set_gpu_memory_growth()
   resumed = run_dir.prepare(config.output_dir, config.to_dict(), overwrite=FLAGS.overwrite)
@@ -179,9 +180,16 @@ def train_one(config, log=print) -> dict:
       os.path.join(config.output_dir, 'client_states'),
       initial_fn=lambda: exp.algorithm.initial_client_state(initial_weights))
 
-  def evaluate(weights, round_num):
+  alg = exp.algorithm
+  client_sets = (personalized.client_test_datasets(exp.task, config.data_dir or None)
+                 if alg.personalized else None)
+
+  def evaluate(server_state, round_num):
     del round_num
-    m = evaluator.evaluate(weights, test_ds)
+    if alg.personalized:  # FedBN & co: each client's own model, as their papers report.
+      return personalized.evaluate_clients(alg, server_state, store.load, config.num_clients,
+                                           evaluator, client_sets)
+    m = evaluator.evaluate(alg.global_weights(server_state), test_ds)
     return {'test_accuracy': m['test_accuracy'], 'test_loss': m['test_loss']}
 
   on_round_end = None
@@ -246,11 +254,16 @@ def main(argv):
       print(f'train: error: {e}', file=sys.stderr)
       return 3
     results.append((config, summary))
-  print('\nResults (test accuracy of the global model):')
+  print('\nResults (test accuracy of the global model; * personalised: mean of the clients\' own '
+        'models, weighted by test examples):')
   for config, s in results:
-    print(f'  {config.algorithm:>9} + {config.regularizer:<10} final {s["final_test_accuracy"]:.4f}'
-          f' (round {s["final_round"]})  best {s["best_test_accuracy"]:.4f} (round '
-          f'{s["best_round"]})')
+    mark = '*' if 'per_client_test_accuracy' in s else ' '
+    print(f' {mark}{config.algorithm:>9} + {config.regularizer:<10} final '
+          f'{s["final_test_accuracy"]:.4f} (round {s["final_round"]})  best '
+          f'{s["best_test_accuracy"]:.4f} (round {s["best_round"]})')
+    if 'per_client_test_accuracy' in s:
+      print('      per client: ' + ' '.join(f'{i}:{a:.3f}' for i, a in
+                                            enumerate(s['per_client_test_accuracy'])))
     print(f'      outputs: {config.output_dir}  (metrics.csv, tensorboard/, '
           'export/saved_model, summary.json)')
   return 0

@@ -163,6 +163,13 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
       np.testing.assert_allclose(states[0]['bn'][k], self.y['0'][i], atol=1e-6)
       np.testing.assert_allclose(states[1]['bn'][k], self.y['1'][i], atol=1e-6)
     self.assertGreater(np.abs(states[0]['bn'][2] - states[1]['bn'][2]).max(), 1e-2)
+    # Client i's deployed model: the server's shared weights with its own BN variables.
+    self.assertTrue(alg.personalized)
+    self.assertFalse(self.fedavg.personalized)
+    for k in range(2):
+      own = iter(states[k]['bn'])
+      for w, got, is_bn in zip(s['weights'], alg.client_weights(s, states[k]), bn):
+        np.testing.assert_array_equal(got, next(own) if is_bn else w)
     # Next round client 0 starts from ITS BN, not the server's: differs from a fresh start.
     s2, _, _ = run(alg, s, ['0'], [states[0]])
     s2_fresh, _, _ = run(alg, s, ['0'], [alg.initial_client_state(self.x0)])
@@ -253,6 +260,17 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     np.testing.assert_allclose(s['weights'][coef[0]],
                                (n0 * st[0]['coefficients'][0] + n1 * st[1]['coefficients'][0])
                                / (n0 + n1), atol=1e-6)
+    # Coefficients kept local (K = 0): each client's model is the global atoms + its own
+    # coefficients; with K > 0 the global model is what clients use.
+    self.assertFalse(k2.personalized)
+    k0 = build(0)
+    self.assertTrue(k0.personalized)
+    s0, st0, _ = run(k0, k0.initial_server_state(x0), ['0', '1'])
+    for k in range(2):
+      mine = k0.client_weights(s0, st0[k])
+      for i, w in enumerate(mine):
+        np.testing.assert_array_equal(w, st0[k]['coefficients'][0] if i == coef[0]
+                                      else s0['weights'][i])
     with self.assertRaisesRegex(ValueError, 'decomposed'):
       algorithms.build('fedavg_decomposed', testing.tiny_model, CFG)
 

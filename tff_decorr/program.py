@@ -25,6 +25,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_decorr import personalized
+
 
 class CheckpointError(ValueError):
   """A checkpoint exists but cannot be read; the message says how to proceed."""
@@ -122,7 +124,8 @@ def load_checkpoint(output_dir: str, initial_server_state) -> Optional[dict]:
 
 
 def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
-        evaluate_fn: Callable[[list, int], dict], export_fn: Callable[[list, str], None],
+        evaluate_fn: Callable[[Any, int], dict],
+        export_fn: Callable[[list, str, Optional[dict]], None],
         on_round_end: Optional[Callable[[int, Any], None]] = None,
         before_round: Optional[Callable[..., Optional[dict]]] = None, log=print) -> dict:
   """Runs (or resumes) the federated training loop. Returns the final summary dict.
@@ -132,10 +135,14 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
     algorithm: gives `global_weights(server_state)` and `initial_client_state(weights)`.
     store: the per-client state store (`tff_decorr.client_state.ClientStateStore`); its manifest
       is saved beside each checkpoint so a resumed run sees exactly that round's client states.
-    evaluate_fn: (global weights, round) -> dict of test metrics (e.g. 'test_accuracy').
+    evaluate_fn: (server state, round) -> dict of test metrics: scalars ('test_accuracy' is the
+      headline: the global model's, or for a personalised algorithm the clients' own models'
+      mean) and optionally 'per_client_test_accuracy' (a list in client-id order, written to the
+      metrics as client_<i>_test_accuracy and to the summary).
     before_round: optional (round, server_state, client_inputs, client_states) -> metrics dict,
       called before the round runs (e.g. to reproduce and save chosen clients' local models).
-    export_fn: (global weights, directory) -> writes a SavedModel there.
+    export_fn: (weights, directory, extra metadata or None) -> writes a SavedModel there. A
+      personalised algorithm also exports each client's own model (personalized.client_export_dir).
   """
   ckpt_dir = os.path.join(output_dir, 'checkpoints')
   ckpt = checkpoint_manager(output_dir)
@@ -158,7 +165,7 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
   start_round = int(state['round']) + 1
   server_state = state['server_state']
   times = []
-  summary = {}
+  last_test = {}
   for round_num in range(start_round, loop.rounds + 1):
     clients = sample_clients(loop.num_clients, loop.clients_per_round, loop.seed, round_num)
     client_inputs = [(str(c), client_seed(loop.seed, round_num, c)) for c in clients]
@@ -178,8 +185,10 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
     weights = algorithm.global_weights(server_state)
     test = {}
     if round_num % max(loop.eval_every, 1) == 0 or round_num == loop.rounds:
-      test = evaluate_fn(weights, round_num)
-      values.update(test)
+      test = last_test = evaluate_fn(server_state, round_num)
+      values.update({k: v for k, v in test.items() if np.isscalar(v)})
+      for i, a in enumerate(test.get('per_client_test_accuracy', [])):
+        values[f'client_{i}_test_accuracy'] = a
       acc = float(test.get('test_accuracy', -1.0))
       state['last_accuracy'] = acc
       if acc > float(state['best_accuracy']):
@@ -190,7 +199,7 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
         values.update(extra)
     metrics_io.release(values, round_num)
     if loop.export_every and round_num % loop.export_every == 0:
-      export_fn(weights, os.path.join(output_dir, 'export', f'round_{round_num}'))
+      export_fn(weights, os.path.join(output_dir, 'export', f'round_{round_num}'), None)
     state = {'round': round_num, 'server_state': server_state,
              'best_accuracy': float(state['best_accuracy']), 'best_round': int(state['best_round']),
              'last_accuracy': float(state['last_accuracy'])}
@@ -212,14 +221,27 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
     log(line)
   final_weights = algorithm.global_weights(server_state)
   export_dir = os.path.join(output_dir, 'export', 'saved_model')
-  export_fn(final_weights, export_dir)
+  export_fn(final_weights, export_dir, {'personalized': bool(algorithm.personalized)})
   summary = {
       'final_test_accuracy': float(state['last_accuracy']),
       'final_round': int(state['round']),
       'best_test_accuracy': float(state['best_accuracy']),
       'best_round': int(state['best_round']),
       'saved_model': export_dir,
+      'evaluated_model': 'global',
   }
+  if algorithm.personalized:
+    if not last_test and int(state['round']) > 0:  # Resumed after the last round: evaluate again.
+      last_test = evaluate_fn(server_state, int(state['round']))
+    summary['evaluated_model'] = ('per client: shared weights + the client\'s own local part, '
+                                  'mean weighted by test examples')
+    summary['per_client_test_accuracy'] = list(last_test.get('per_client_test_accuracy', []))
+    summary['client_saved_models'] = []
+    for cid in range(loop.num_clients):
+      path = personalized.client_export_dir(output_dir, cid)
+      export_fn(algorithm.client_weights(server_state, store.load(str(cid))), path,
+                {'personalized': True, 'client_id': cid})
+      summary['client_saved_models'].append(path)
   return summary
 
 

@@ -73,6 +73,18 @@ class Algorithm:
     """The global model's flat weights (for evaluation / export)."""
     return list(server_state['weights'])
 
+  @property
+  def personalized(self) -> bool:
+    """True when part of each client's model never leaves the client (FedBN's BN variables), so
+    the model a client deploys is `client_weights(...)`, not the global model, and test accuracy
+    is measured per client (docs/algorithms.md, "What is evaluated")."""
+    return False
+
+  def client_weights(self, server_state, client_state) -> list:
+    """The flat weights of the model client `client_state` would deploy after this round."""
+    del client_state
+    return self.global_weights(server_state)
+
   # ---- TF pieces ----
   def broadcast(self, server_state):
     return {'weights': list(server_state['weights'])}

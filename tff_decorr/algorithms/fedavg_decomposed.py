@@ -38,6 +38,19 @@ class FedAvgDecomposed(fedavg.FedAvg):
                        "'coefficients'); build the model with decomposed=True or use fedavg.")
     self.period = int(coefficient_period)
 
+  @property
+  def personalized(self) -> bool:
+    return self.period == 0  # Coefficients never aggregated: each client's own are its model.
+
+  def client_weights(self, server_state, client_state):
+    """With coefficient_period 0: global atoms (and other shared weights) + the client's own
+    coefficients. Otherwise the global model (coefficients are averaged on their schedule)."""
+    if not self.personalized:
+      return self.global_weights(server_state)
+    own = iter(client_state['coefficients'])
+    return [np.asarray(next(own)) if c else np.asarray(w)
+            for w, c in zip(self.global_weights(server_state), self.coef_mask)]
+
   def initial_server_state(self, weights):
     return {'weights': [np.asarray(w) for w in weights], 'round': np.int32(0)}
 

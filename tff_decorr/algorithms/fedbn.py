@@ -5,6 +5,8 @@ BatchNormalization layer), initialised from the initial global model and persist
 Client i starts from the global non-BN weights combined with its own BN variables, trains, uploads
 only n_i * (non-BN weights). Server: non-BN weights <- example-weighted average; the server's BN
 variables are never changed (they stay at their initial values).
+The server model is therefore not a model any client uses: evaluation and export use each client's
+model (`client_weights`: shared weights + its own BN), as the FedBN paper reports.
 """
 
 from __future__ import annotations
@@ -23,6 +25,16 @@ class FedBN(fedavg.FedAvg):
     if not any(self.spec.batchnorm):
       raise ValueError('FedBN needs a model with BatchNormalization layers; this model has none '
                        '(use --algorithm=fedavg).')
+
+  @property
+  def personalized(self) -> bool:
+    return True
+
+  def client_weights(self, server_state, client_state):
+    """Global non-BN weights with the client's own BN variables (what the FedBN paper evaluates)."""
+    own = iter(client_state['bn'])
+    return [np.asarray(next(own)) if b else np.asarray(w)
+            for w, b in zip(self.global_weights(server_state), self.spec.batchnorm)]
 
   def initial_client_state(self, weights):
     return {'bn': [np.asarray(w) for w, b in zip(weights, self.spec.batchnorm) if b]}
