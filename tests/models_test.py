@@ -32,7 +32,8 @@ EXPECTED = {
 # docstrings, extra parameters of the decomposed model). With the default m = k^2 the coefficients
 # have as many entries as the kernel they replace, so each decomposed layer adds its m k^2 = k^4
 # atoms: small_cnn 2 x 81; MobileNetV2 (stem + 1+2+3+4+3+3+1 = 17 depthwise) 18 x 81; ResNet20
-# (stem + 2 x 9 blocks) 19 x 81; ResNet18 (stem + 2 x 8 blocks) 17 x 81; AlexNet 11^4 + 5^4 + 3 x 3^4.
+# (stem + 2 x 9 blocks) 19 x 81; ResNet18 (stem + 2 x 8 blocks) 17 x 81;
+# AlexNet 11^4 + 5^4 + 3 x 3^4.
 DECOMPOSED_CASES = {
     'small_cnn': ((8, 8, 1), {}, 2, 2 * 81),
     'mobilenet_v2_cifar': ((8, 8, 3), {}, 18, 18 * 81),

@@ -1,4 +1,5 @@
-"""Filter-decomposed convolutions (Chen & Qiu, "Extra Clients at No Extra Cost"; REFERENCE-NOTES §7).
+"""Filter-decomposed convolutions (Chen & Qiu, "Extra Clients at No Extra Cost"; REFERENCE-NOTES
+§7).
 
 A k x k convolution whose kernel is rebuilt at every call from two variables:
   atoms        D [m, k, k]               (filter atoms, shared by every filter of the layer)

@@ -12,8 +12,9 @@ classes, the "2.30M" of the paper):
 - stride-1 blocks whose channel count changes have a 1x1 conv + BN shortcut; stride-1 blocks with
   equal channels add the identity; stride-2 blocks have no residual.
 Convs have no bias (BN follows). Total stride 8: 32x32 -> 4x4, 64x64 -> 8x8 before pooling.
-With decomposed=True every 3x3 conv is decomposed: the stem (DecomposedConv2D) and the 17 depthwise
-convs (DecomposedDepthwiseConv2D); the 1x1 expansion / projection / shortcut / last convs stay plain.
+With decomposed=True every 3x3 conv is decomposed: the stem (DecomposedConv2D) and the 17
+depthwise convs (DecomposedDepthwiseConv2D); the 1x1 expansion / projection / shortcut / last convs
+stay plain.
 """
 
 from __future__ import annotations
