@@ -152,9 +152,10 @@ class BuildTest(parameterized.TestCase, tf.test.TestCase):
     model = models.build('resnet20', num_classes=10, input_shape=(32, 32, 3), projection_dim=256)
     out = model(_batch(32))
     self.assertEqual(out['representation'].shape, (2, 256))
-    # 64 -> 64 (ReLU) -> 256 -> 10 head on top of the plain network.
+    # 64 -> 32 (ReLU) -> 256 -> 10 head on top of the plain network: the hidden layer is half the
+    # pooled width, as the FedDecorr reference's MOON wrapper (Linear(d, d // 2)).
     self.assertEqual(models.count_parameters(model),
-                     269_722 - 650 + (64 * 64 + 64) + (64 * 256 + 256) + (256 * 10 + 10))
+                     269_722 - 650 + (64 * 32 + 32) + (32 * 256 + 256) + (256 * 10 + 10))
     # The classifier reads the projection.
     self.assertEqual(model.get_layer('classifier').input.shape[-1], 256)
 

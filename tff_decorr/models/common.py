@@ -101,11 +101,13 @@ def _pad(x, kernel_size, strides, padding, name):
 
 def head(pooled, num_classes: int, projection_dim: Optional[int]):
   """Classifier on the pooled features; with `projection_dim` (MOON) the representation is the
-  output of a two-layer projection head pooled -> Dense(pooled_dim) ReLU -> Dense(projection_dim),
-  and the classifier reads it. Returns (representation, logits)."""
+  output of a two-layer projection head pooled -> Dense(pooled_dim // 2) ReLU ->
+  Dense(projection_dim), and the classifier reads it. The hidden width is half the pooled width as
+  in the FedDecorr reference's MOON wrapper (MOON's own code uses the full width), so MOON rows
+  compare with the paper's. Returns (representation, logits)."""
   rep = pooled
   if projection_dim:
-    width = int(pooled.shape[-1])
+    width = max(int(pooled.shape[-1]) // 2, 1)
     rep = tf.keras.layers.Dense(width, activation='relu', name='projection_hidden')(rep)
     rep = tf.keras.layers.Dense(projection_dim, name='projection')(rep)
   logits = tf.keras.layers.Dense(num_classes, name='classifier')(rep)
