@@ -27,6 +27,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from tff_decorr import tf_env  # pylint: disable=unused-import  (first: before TF)
 from tff_decorr import analysis
 from tff_decorr import export
 from tff_decorr import plots

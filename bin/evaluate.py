@@ -21,6 +21,7 @@ from absl import app
 from absl import flags
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top,unused-import  (before TF)
 
 # TensorFlow must be imported before absl's app.run: imported for the first time inside main(),
 # Keras 2.14 builds functional models from graph tensors and fails ("SymbolicTensor ... node").

@@ -16,6 +16,7 @@ from absl import app
 from absl import flags
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top,unused-import  (before TF)
 
 # Imported before app.run for the same reason as in bin/train (Keras/absl start-up order).
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import

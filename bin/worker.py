@@ -21,6 +21,9 @@ import time
 from absl import app
 from absl import flags
 
+# The worker_binary inherits this process's environment: oneDNN on unless the user set it.
+from tff_decorr import tf_env  # pylint: disable=unused-import
+
 FLAGS = flags.FLAGS
 flags.DEFINE_integer('port', 8000, 'Port to serve on.')
 flags.DEFINE_integer('max_concurrent_computation_calls', -1, 'Concurrent computations (-1: any).')

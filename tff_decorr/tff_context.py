@@ -34,6 +34,8 @@ from typing import Optional, Sequence
 from absl import logging
 import grpc
 import portpicker
+# Before TensorFlow (imported by TFF below) when this is the first module to import it.
+from tff_decorr import tf_env  # pylint: disable=g-bad-import-order
 import tensorflow_federated as tff
 # Internals of TFF 0.87's mergeable-computation context, reused with the client order fixed.
 from tensorflow_federated.python.common_libs import async_utils
@@ -106,9 +108,11 @@ class WorkerProcess:
     self._log = open(log_path, 'ab')
     args = [worker_binary_path(), f'--port={self.port}',
             f'--max_concurrent_computation_calls={max_concurrent_computation_calls}']
+    # The worker's own TensorFlow reads TF_ENABLE_ONEDNN_OPTS at start-up (tf_env: on unless the
+    # user set it; docs/benchmarks.md §6 verifies that the worker honours it).
     self.process = subprocess.Popen(
         args, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-        preexec_fn=_die_with_parent, close_fds=True)
+        preexec_fn=_die_with_parent, close_fds=True, env=tf_env.worker_environment())
     with _lock:
       _processes.append(self)
     _install_handlers()
