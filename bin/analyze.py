@@ -29,6 +29,7 @@ import numpy as np
 
 from tff_decorr import tf_env  # pylint: disable=unused-import  (first: before TF)
 from tff_decorr import analysis
+from tff_decorr import cli
 from tff_decorr import export
 from tff_decorr import plots
 
@@ -174,40 +175,41 @@ def _get_task(name: Optional[str]):
     raise FlagError(f'--task={name}: {e}') from e
 
 
-def main(argv: Sequence[str]) -> None:
+def main(argv: Sequence[str]) -> int:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  try:
-    if not _OUTPUT_DIR.value:
-      raise FlagError('--output_dir is required (where the CSV, JSON and PNG files go).')
-    if bool(_LOCAL.value) != bool(_GLOBAL.value):
-      raise FlagError('--local_saved_model/--global_saved_model must be given together.')
-    models = load_models(_split(_SAVED_MODEL.value), _split(_LABELS.value))
-    local = export.load_serving(_LOCAL.value, '--local_saved_model') if _LOCAL.value else None
-    global_ = export.load_serving(_GLOBAL.value, '--global_saved_model') if _GLOBAL.value else None
-    if not models and local is None:
-      raise FlagError('--saved_model is required (or the --local_saved_model/'
-                      '--global_saved_model pair).')
-    if _BATCH_SIZE.value < 1:
-      raise FlagError(f'--batch_size must be positive; got {_BATCH_SIZE.value}.')
-    if _MAX_EXAMPLES.value < 0:
-      raise FlagError(f'--max_examples must be >= 0 (0 = all); got {_MAX_EXAMPLES.value}.')
-    task = _get_task(_TASK.value)
-    check_against_task(
-        [('--saved_model', m) for m in models.values()] +
-        [(f, m) for f, m in (('--local_saved_model', local), ('--global_saved_model', global_)) if m],
-        task)
-    dataset = task.test_dataset(_DATA_DIR.value, _BATCH_SIZE.value)
-    written = analyze(
-        models, dataset, _OUTPUT_DIR.value, local=local, global_=global_,
-        log10_tau=_LOG10_TAU.value, top=_TOP.value, gap_k=_GAP_K.value,
-        max_examples=_MAX_EXAMPLES.value or None,
-        settings={'task': task.name, 'data_dir': _DATA_DIR.value,
-                  'saved_model': _split(_SAVED_MODEL.value),
-                  'local_saved_model': _LOCAL.value, 'global_saved_model': _GLOBAL.value})
-  except (FlagError, export.SavedModelError) as e:
-    print(f'analyze: error: {e}', file=sys.stderr)
-    sys.exit(2)
+  return cli.run_guarded('analyze', _main)
+
+
+def _main() -> int:
+  if not _OUTPUT_DIR.value:
+    raise FlagError('--output_dir is required (where the CSV, JSON and PNG files go).')
+  if bool(_LOCAL.value) != bool(_GLOBAL.value):
+    raise FlagError('--local_saved_model/--global_saved_model must be given together.')
+  models = load_models(_split(_SAVED_MODEL.value), _split(_LABELS.value))
+  local = export.load_serving(_LOCAL.value, '--local_saved_model') if _LOCAL.value else None
+  global_ = export.load_serving(_GLOBAL.value, '--global_saved_model') if _GLOBAL.value else None
+  if not models and local is None:
+    raise FlagError('--saved_model is required (or the --local_saved_model/'
+                    '--global_saved_model pair).')
+  if _BATCH_SIZE.value < 1:
+    raise FlagError(f'--batch_size must be positive; got {_BATCH_SIZE.value}.')
+  if _MAX_EXAMPLES.value < 0:
+    raise FlagError(f'--max_examples must be >= 0 (0 = all); got {_MAX_EXAMPLES.value}.')
+  task = _get_task(_TASK.value)
+  cli.ensure_writable_dir(_OUTPUT_DIR.value)
+  check_against_task(
+      [('--saved_model', m) for m in models.values()] +
+      [(f, m) for f, m in (('--local_saved_model', local), ('--global_saved_model', global_)) if m],
+      task)
+  dataset = task.test_dataset(_DATA_DIR.value, _BATCH_SIZE.value)
+  written = analyze(
+      models, dataset, _OUTPUT_DIR.value, local=local, global_=global_,
+      log10_tau=_LOG10_TAU.value, top=_TOP.value, gap_k=_GAP_K.value,
+      max_examples=_MAX_EXAMPLES.value or None,
+      settings={'task': task.name, 'data_dir': _DATA_DIR.value,
+                'saved_model': _split(_SAVED_MODEL.value),
+                'local_saved_model': _LOCAL.value, 'global_saved_model': _GLOBAL.value})
   with open(written['summary_json']) as f:
     summary = json.load(f)
   for label, run in summary['runs'].items():
@@ -218,6 +220,7 @@ def main(argv: Sequence[str]) -> None:
     print(f"local vs global: R={summary['local_global']['R']:.4g} (K={summary['local_global']['k']})")
   for kind, path in written.items():
     print(f'wrote {kind}: {path}')
+  return 0
 
 
 if __name__ == '__main__':

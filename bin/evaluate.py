@@ -52,7 +52,11 @@ def evaluate_saved_model(saved_model: str, task_name, data_dir, batch_size: int,
   from tff_decorr import plots  # pylint: disable=g-import-not-at-top
 
   run_root = saved_model if os.path.isdir(os.path.join(saved_model, 'export')) else None
+  if output_dir is None:
+    base = run_root or os.path.dirname(os.path.abspath(saved_model.rstrip(os.sep)))
+    output_dir = os.path.join(base, 'evaluation')
   fn, meta = export.load_serving(saved_model)
+  cli.ensure_writable_dir(output_dir)  # Before any work: fail at once if it cannot be written.
   task_name = task_name or meta.get('task')
   if not task_name:
     raise ValueError('--task: the SavedModel has no task metadata; name the task it was trained on.')
@@ -73,10 +77,6 @@ def evaluate_saved_model(saved_model: str, task_name, data_dir, batch_size: int,
             'per_class_accuracy': per_class, 'confusion_matrix': conf.tolist()}
   if run_root is not None and meta.get('personalized'):
     report.update(_per_client(run_root, task, data_dir, batch_size))
-  if output_dir is None:
-    base = run_root or os.path.dirname(os.path.abspath(saved_model.rstrip(os.sep)))
-    output_dir = os.path.join(base, 'evaluation')
-  os.makedirs(output_dir, exist_ok=True)
   png = plots.plot_confusion_matrix(conf, os.path.join(output_dir, 'confusion_matrix.png'),
                                     title=f'{task_name}: accuracy {report["test_accuracy"]:.4f}')
   report['confusion_matrix_png'] = png
@@ -123,18 +123,15 @@ def main(argv):
   cli.quiet_logging()
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
+  return cli.run_guarded('evaluate', _main)
+
+
+def _main() -> int:
   if not FLAGS.saved_model:
-    print('evaluate: error: --saved_model is required (a SavedModel or a run directory).',
-          file=sys.stderr)
-    return 2
-  from tff_decorr import export  # pylint: disable=g-import-not-at-top
-  try:
-    report = evaluate_saved_model(cli.user_path(FLAGS.saved_model), FLAGS.task,
-                                  cli.user_path(FLAGS.data_dir), FLAGS.batch_size,
-                                  cli.user_path(FLAGS.output_dir))
-  except (ValueError, FileNotFoundError, export.SavedModelError) as e:
-    print(f'evaluate: error: {e}', file=sys.stderr)
-    return 2
+    raise ValueError('--saved_model is required (a SavedModel or a run directory).')
+  report = evaluate_saved_model(cli.user_path(FLAGS.saved_model), FLAGS.task,
+                                cli.user_path(FLAGS.data_dir), FLAGS.batch_size,
+                                cli.user_path(FLAGS.output_dir))
   print(f'task {report["task"]}: top-1 accuracy {report["test_accuracy"]:.4f} on '
         f'{report["test_examples"]} test examples')
   print('per-class accuracy: ' + ' '.join(f'{i}:{a:.3f}' for i, a in

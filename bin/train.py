@@ -158,6 +158,20 @@ def _versions() -> dict:
           'tensorflow_federated': tff.__version__}
 
 
+def _local_model_rounds(config) -> list:
+  """--save_local_rounds as integers, after checking --save_local_models names real clients."""
+  try:
+    rounds = [int(r) for r in FLAGS.save_local_rounds]
+  except ValueError as e:
+    raise ValueError(f'--save_local_rounds: {FLAGS.save_local_rounds} are not round '
+                     'numbers.') from e
+  bad = [c for c in FLAGS.save_local_models if not c.isdigit() or int(c) >= config.num_clients]
+  if bad:
+    raise ValueError(f'--save_local_models: {bad} are not client ids (0..'
+                     f'{config.num_clients - 1}).')
+  return rounds
+
+
 def train_one(config, log=print) -> dict:
   """Runs (or resumes) one configuration; returns its summary."""
   from tff_decorr import experiment  # pylint: disable=g-import-not-at-top
@@ -167,12 +181,22 @@ def train_one(config, log=print) -> dict:
   from tff_decorr import personalized  # pylint: disable=g-import-not-at-top
 
   program.set_gpu_memory_growth()
-  resumed = run_dir.prepare(config.output_dir, config.to_dict(), overwrite=FLAGS.overwrite)
+  local_rounds = _local_model_rounds(config)
+  # Lock and compare first; config.json is written only once every check below has passed, so a
+  # start that fails (bad partition, too many clients, ...) leaves nothing that refuses the
+  # corrected command.
+  resumed = run_dir.prepare(config.output_dir, config.to_dict(), overwrite=FLAGS.overwrite,
+                            log=log)
+  try:
+    exp = experiment.Experiment(config, log=log)
+    exp.prepare_client_data()
+  except BaseException:
+    run_dir.unlock(config.output_dir, remove_if_unused=True)
+    raise
+  run_dir.write_config(config.output_dir, config.to_dict())
   log(('Resuming' if resumed else 'Configuration') + ' (saved to ' +
       run_dir.config_path(config.output_dir) + '):')
   log(json.dumps(config.to_dict(), indent=None, sort_keys=True))
-  exp = experiment.Experiment(config, log=log)
-  exp.prepare_client_data()
   runtime = exp.runtime(config.output_dir)
   evaluator = exp.evaluator()
   test_ds = exp.test_dataset()
@@ -202,18 +226,8 @@ def train_one(config, log=print) -> dict:
   before_round = None
   if FLAGS.save_local_models or config.track_collapse:
     from tff_decorr import collapse_tracking  # pylint: disable=g-import-not-at-top
-    try:
-      rounds = [int(r) for r in FLAGS.save_local_rounds]
-    except ValueError as e:
-      raise ValueError(f'--save_local_rounds: {FLAGS.save_local_rounds} are not round '
-                       'numbers.') from e
-    bad = [c for c in FLAGS.save_local_models
-           if not c.isdigit() or int(c) >= config.num_clients]
-    if bad:
-      raise ValueError(f'--save_local_models: {bad} are not client ids (0..'
-                       f'{config.num_clients - 1}).')
     before_round = collapse_tracking.LocalModels(exp, evaluator, test_ds,
-                                                 FLAGS.save_local_models, rounds,
+                                                 FLAGS.save_local_models, local_rounds,
                                                  track=config.track_collapse)
 
   loop = program.LoopConfig(rounds=config.rounds, num_clients=config.num_clients,
@@ -223,7 +237,9 @@ def train_one(config, log=print) -> dict:
   summary = program.run(runtime=runtime, algorithm=exp.algorithm, store=store, loop=loop,
                         output_dir=config.output_dir, evaluate_fn=evaluate,
                         export_fn=exp.export, on_round_end=on_round_end,
-                        before_round=before_round, log=log)
+                        before_round=before_round, check_clients=exp.check_client_data, log=log)
+  if summary is None:  # More rounds done than --rounds: nothing trained, nothing (re)written.
+    return None
   summary.update({'config': config.to_dict(), 'versions': _versions(),
                   'wall_time_s': time.time() - t0})
   run_dir.write_json_atomic(os.path.join(config.output_dir, 'summary.json'), summary)
@@ -236,25 +252,28 @@ def main(argv):
   cli.quiet_logging()
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; flags are --name=value.')
-  try:
-    configs = resolve_configs(FLAGS)
-  except ValueError as e:
-    print(f'train: error: {e}', file=sys.stderr)
-    return 2
+  return cli.run_guarded('train', _train_all,
+                         interrupted_message='interrupted before the first round completed; '
+                         're-run the same command to start again')
+
+
+def _train_all() -> int:
+  from tff_decorr import tff_context  # pylint: disable=g-import-not-at-top
+  configs = resolve_configs(FLAGS)
   results = []
   for config in configs:
     print(f'=== {config.task}: {config.algorithm} + {config.regularizer} -> {config.output_dir}',
           flush=True)
-    from tff_decorr import tff_context  # pylint: disable=g-import-not-at-top
-    try:
-      summary = train_one(config, log=lambda s: print(s, flush=True))
-    except (ValueError, FileNotFoundError, tff_context.WorkerUnavailableError) as e:
-      print(f'train: error: {e}', file=sys.stderr)
-      return 2
-    except tff_context.WorkerLostError as e:  # The last completed round is checkpointed.
-      print(f'train: error: {e}', file=sys.stderr)
-      return 3
-    results.append((config, summary))
+    summary = train_one(config, log=lambda s: print(s, flush=True))
+    # Each configuration gets its own TFF worker (its log is in its run directory); stop this one
+    # before the next configuration starts another, so they never compete for the cores.
+    pids = tff_context.worker_pids()
+    tff_context.stop_all()
+    if pids:
+      print(f'stopped the TFF worker of this configuration (PID {", ".join(map(str, pids))})',
+            flush=True)
+    if summary is not None:
+      results.append((config, summary))
   print('\nResults (test accuracy of the global model; * personalised: mean of the clients\' own '
         'models, weighted by test examples):')
   for config, s in results:

@@ -41,9 +41,46 @@ def content_hash(images: np.ndarray, labels: np.ndarray, parts: Sequence[np.ndar
   return h.hexdigest()
 
 
+class ShardError(ValueError):
+  """A client's cached shard is missing or differs from what was written; says how to recover."""
+
+
+def _shard_path(directory: str, client_id) -> str:
+  return os.path.join(directory, f'{client_id}.tfrecord')
+
+
+def _damaged_shards(directory: str, manifest: dict, client_ids) -> list:
+  """Ids whose shard file is missing or whose byte size differs from the manifest's record.
+
+  A stat per file: cheap enough to run on every start and for every round's sampled clients, and
+  a shard truncated even at a record boundary changes its size (it would otherwise train on fewer
+  examples, silently)."""
+  sizes = manifest.get('bytes')
+  if sizes is None:  # A cache written before sizes were recorded: cannot be verified.
+    return list(client_ids)
+  bad = []
+  for cid in client_ids:
+    path = _shard_path(directory, cid)
+    if not os.path.exists(path) or os.path.getsize(path) != sizes[int(cid)]:
+      bad.append(cid)
+  return bad
+
+
+def check_shards(directory: str, client_ids) -> None:
+  """Raises ShardError when a sampled client's shard was deleted or changed during a run."""
+  with open(os.path.join(directory, MANIFEST)) as f:
+    manifest = json.load(f)
+  bad = _damaged_shards(directory, manifest, client_ids)
+  if bad:
+    raise ShardError(f'the cached data of client(s) {", ".join(map(str, bad))} in {directory} is '
+                     'missing or changed since it was written; re-run the same command: the cache '
+                     'is rebuilt and the run resumes after its last completed round.')
+
+
 def write_client_shards(images: np.ndarray, labels: np.ndarray, parts: Sequence[np.ndarray],
-                        directory: str) -> str:
-  """Writes one shard per client (ids '0'..'n-1'); skipped when `directory` already holds them.
+                        directory: str, log=print) -> str:
+  """Writes one shard per client (ids '0'..'n-1'); skipped when `directory` already holds them,
+  unharmed (every shard's size checked against the manifest; a damaged cache is rebuilt).
 
   Atomic: shards go to a temporary sibling directory, the manifest is written last, and the
   directory is renamed into place, so an interrupted write never leaves a partial shard set.
@@ -56,8 +93,12 @@ def write_client_shards(images: np.ndarray, labels: np.ndarray, parts: Sequence[
   manifest_path = os.path.join(directory, MANIFEST)
   if os.path.exists(manifest_path):
     with open(manifest_path) as f:
-      if json.load(f).get('content_hash') == digest:
+      manifest = json.load(f)
+    if manifest.get('content_hash') == digest:
+      bad = _damaged_shards(directory, manifest, range(len(parts)))
+      if not bad:
         return directory
+      log(f'client data cache {directory}: {len(bad)} shard(s) missing or changed; rewriting it.')
   tmp = f'{directory.rstrip(os.sep)}.tmp-{os.getpid()}'
   if os.path.exists(tmp):
     shutil.rmtree(tmp)
@@ -65,7 +106,7 @@ def write_client_shards(images: np.ndarray, labels: np.ndarray, parts: Sequence[
   sizes = []
   for cid, idx in enumerate(parts):
     idx = np.asarray(idx, np.int64)
-    with tf.io.TFRecordWriter(os.path.join(tmp, f'{cid}.tfrecord')) as w:
+    with tf.io.TFRecordWriter(_shard_path(tmp, cid)) as w:
       for i in idx:
         ex = tf.train.Example(features=tf.train.Features(feature={
             'image': tf.train.Feature(bytes_list=tf.train.BytesList(value=[images[i].tobytes()])),
@@ -75,6 +116,7 @@ def write_client_shards(images: np.ndarray, labels: np.ndarray, parts: Sequence[
     sizes.append(int(len(idx)))
   with open(os.path.join(tmp, MANIFEST), 'w') as f:
     json.dump({'content_hash': digest, 'num_clients': len(parts), 'sizes': sizes,
+               'bytes': [os.path.getsize(_shard_path(tmp, c)) for c in range(len(parts))],
                'image_shape': list(images.shape[1:])}, f)
   if os.path.exists(directory):
     old = f'{directory.rstrip(os.sep)}.old-{os.getpid()}'

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 from absl import flags
@@ -28,3 +29,92 @@ def quiet_logging() -> None:
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   tf.get_logger().setLevel('ERROR')
+
+
+def ensure_writable_dir(path: str) -> str:
+  """Creates `path` if needed and checks a file can be written there, before any long work, so
+  a read-only or full output location fails at once (as an OSError for run_guarded)."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  os.makedirs(path, exist_ok=True)
+  with tempfile.NamedTemporaryFile(dir=path, prefix='.write-test-'):
+    pass
+  return path
+
+
+# Exit codes of every binary (docs/reliability.md).
+EXIT_USAGE = 2        # the command cannot run as given: a flag, the data, the output directory
+EXIT_RUN_FAILED = 3   # the run started and stopped: its last completed round is checkpointed
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
+
+
+def os_error_message(e: OSError) -> str:
+  """One line for an OS error: what failed, on which path, and what to do."""
+  where = e.filename or ''
+  if e.filename2:
+    where = f'{where} -> {e.filename2}'
+  if e.errno == errno.ENOSPC:
+    return (f'no space left on the device holding {where or "the output"}; free some space and '
+            're-run the same command: it resumes after the last completed round.')
+  if e.errno == errno.EROFS:
+    return f'{where} is on a read-only file system; choose a writable --output_dir.'
+  if e.errno in (errno.EACCES, errno.EPERM):
+    return f'permission denied on {where}; choose a directory you can write (--output_dir).'
+  if e.errno in (errno.ENOTDIR, errno.EEXIST):
+    return (f'{where}: a file stands where a directory is needed; choose another --output_dir '
+            '(or remove that file).')
+  return f'{e.strerror or type(e).__name__} on {where or "a file"}.'
+
+
+def run_guarded(prog: str, fn, interrupted_message=None) -> int:
+  """Runs fn() and maps every failure a user can cause or meet to one line on stderr and an exit
+  code, instead of a traceback from deep inside TensorFlow. Programming errors still raise."""
+  import sys  # pylint: disable=g-import-not-at-top
+  from tff_decorr import program  # pylint: disable=g-import-not-at-top
+  from tff_decorr import tff_context  # pylint: disable=g-import-not-at-top
+
+  def fail(message, code):
+    print(f'{prog}: error: {message}', file=sys.stderr, flush=True)
+    return code
+
+  try:
+    return fn()
+  except program.Interrupted as e:
+    print(f'{prog}: interrupted after round {e.completed_round}; re-run the same command to '
+          'resume.', file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
+  except KeyboardInterrupt:
+    print(f'{prog}: {interrupted_message or "interrupted"}.', file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
+  except (program.NonFiniteError, tff_context.WorkerLostError) as e:
+    return fail(e, EXIT_RUN_FAILED)
+  except (ValueError, tff_context.WorkerUnavailableError) as e:
+    return fail(e, EXIT_USAGE)
+  except FileNotFoundError as e:  # Missing datasets (their messages name the flag) and paths.
+    return fail(os_error_message(e) if e.filename else e, EXIT_USAGE)
+  except OSError as e:
+    return fail(os_error_message(e), EXIT_RUN_FAILED if e.errno == errno.ENOSPC else EXIT_USAGE)
+  except Exception as e:  # pylint: disable=broad-except
+    # TensorFlow's own file I/O (checkpoints, SavedModels) raises tf.errors.OpError, not OSError,
+    # for the same OS failures; its message carries the OS's words and the path.
+    os_error = _os_error_from_tf(e)
+    if os_error is None:
+      raise  # A programming error: the traceback is what its reader needs.
+    return fail(os_error_message(os_error),
+                EXIT_RUN_FAILED if os_error.errno == errno.ENOSPC else EXIT_USAGE)
+
+
+_TF_OS_MESSAGES = {'No space left on device': errno.ENOSPC, 'Read-only file system': errno.EROFS,
+                   'Permission denied': errno.EACCES}
+
+
+def _os_error_from_tf(e: Exception):
+  """The OSError a tf.errors.OpError stands for ('<path>; No space left on device'), or None."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if not isinstance(e, tf.errors.OpError):
+    return None
+  message = str(getattr(e, 'message', e))
+  for words, code in _TF_OS_MESSAGES.items():
+    if words in message:
+      path = message.split(';')[0].strip() if ';' in message else None
+      return OSError(code, words, path)
+  return None

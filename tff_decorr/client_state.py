@@ -9,11 +9,13 @@ store keeps just a {client id: round} index). A client without a saved state get
 Checkpoints: `save_manifest(path)` records which version of every client belongs to the checkpoint;
 `load_manifest(path)` restores that consistent set (versions written after it, e.g. by a round that
 crashed, are ignored and later overwritten). After a manifest is written, versions older than the
-ones it references are deleted.
+ones it references are deleted, except those an older manifest still in use references (`keep`):
+the program keeps two checkpoints, so the previous one stays resumable.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
@@ -26,6 +28,10 @@ import tensorflow as tf
 MANIFEST_VERSION = 1
 
 
+class StateError(ValueError):
+  """A saved client state cannot be used; the message says how to proceed."""
+
+
 def _atomic_write(path: str, write_fn) -> None:
   directory = os.path.dirname(path) or '.'
   os.makedirs(directory, exist_ok=True)
@@ -36,9 +42,11 @@ def _atomic_write(path: str, write_fn) -> None:
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
-  except BaseException:
+  except BaseException as e:
     if os.path.exists(tmp):
       os.remove(tmp)
+    if isinstance(e, OSError) and e.filename is None:  # Say which file could not be written.
+      raise OSError(e.errno, e.strerror, path) from e
     raise
 
 
@@ -74,11 +82,17 @@ class ClientStateStore:
     if client_id not in self._latest:
       return self._initial_fn()
     path = self._path(client_id, self._latest[client_id])
-    with np.load(path, allow_pickle=False) as f:
-      arrays = [f[f'a{i:05d}'] for i in range(len(f.files))]
+    try:
+      with np.load(path, allow_pickle=False) as f:
+        arrays = [f[f'a{i:05d}'] for i in range(len(f.files))]
+    except Exception as e:  # BadZipFile, OSError, KeyError, ValueError: one message for all.
+      raise StateError(f'the state of client {client_id} ({path}) cannot be read '
+                       f'({type(e).__name__}: {str(e)[:120]}); the run directory is damaged. '
+                       'Resume from the previous checkpoint by removing the newest '
+                       'checkpoints/round_* directory, or use another --output_dir.') from e
     flat_template = tf.nest.flatten(self._template)
     if len(arrays) != len(flat_template):
-      raise ValueError(f'{path} holds {len(arrays)} arrays but the algorithm\'s client state has '
+      raise StateError(f'{path} holds {len(arrays)} arrays but the algorithm\'s client state has '
                        f'{len(flat_template)}; the store belongs to another algorithm or model '
                        '(use a fresh --output directory).')
     return tf.nest.pack_sequence_as(self._template, arrays)
@@ -89,18 +103,32 @@ class ClientStateStore:
     flat = [np.asarray(a) for a in tf.nest.flatten(state)]
     tf.nest.assert_same_structure(self._template, tf.nest.pack_sequence_as(self._template, flat))
     arrays = {f'a{i:05d}': a for i, a in enumerate(flat)}
-    _atomic_write(self._path(client_id, round_num), lambda f: np.savez(f, **arrays))
+    # Serialised in memory, then written: a failing write (full disk) then never leaves a
+    # half-closed ZipFile behind, whose finaliser would print a traceback.
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    _atomic_write(self._path(client_id, round_num), lambda f: f.write(buffer.getvalue()))
     self._latest[client_id] = int(round_num)
 
   def manifest(self) -> dict:
     return {'version': MANIFEST_VERSION, 'clients': dict(self._latest)}
 
-  def save_manifest(self, path: str, prune: bool = True) -> None:
-    """Records the current version of every client (atomically), then prunes older versions."""
+  def save_manifest(self, path: str, prune: bool = True,
+                    keep: Optional[Dict[str, int]] = None) -> None:
+    """Records the current version of every client (atomically), then prunes older versions,
+    keeping every version at or after the one `keep` (an older manifest's clients) names."""
     data = json.dumps(self.manifest(), sort_keys=True).encode()
     _atomic_write(path, lambda f: f.write(data))
     if prune:
-      self._prune()
+      self._prune(keep or {})
+
+  @staticmethod
+  def read_manifest(path: str) -> Dict[str, int]:
+    """{client id: version} of a manifest file ({} when it does not exist)."""
+    if not os.path.exists(path):
+      return {}
+    with open(path, 'rb') as f:
+      return {str(k): int(v) for k, v in json.loads(f.read().decode())['clients'].items()}
 
   def load_manifest(self, path: str) -> None:
     with open(path, 'rb') as f:
@@ -114,8 +142,9 @@ class ClientStateStore:
                          'the checkpoint directory is incomplete.')
     self._latest = latest
 
-  def _prune(self) -> None:
+  def _prune(self, keep: Dict[str, int]) -> None:
     for client_id, r in self._latest.items():
+      r = min(r, keep.get(client_id, r))
       client_dir = self._client_dir(client_id)
       for name in os.listdir(client_dir):
         if name.startswith('r') and name.endswith('.npz'):

@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import inspect
 import json
+import math
 import os
 from typing import Any, Optional
 
@@ -132,6 +133,20 @@ def validate(c: Config) -> None:
         'coefficients on their own schedule.')
   if c.projection_dim < 0:
     bad('projection_dim', f'must be >= 0 (0: no projection head), got {c.projection_dim}.')
+  # Every float must be finite (inf/NaN would train a NaN model and exit 0); alpha = inf is the
+  # documented IID limit of the Dirichlet partition.
+  for f in dataclasses.fields(c):
+    v = getattr(c, f.name)
+    if f.type == 'float' and not (math.isfinite(v) or (f.name == 'alpha' and v == math.inf)):
+      bad(f.name, f'must be a finite number, got {v}.')
+  if not 0 <= int(c.seed) < 2 ** 32:
+    bad('seed', f'must be an integer in [0, 2^32) (NumPy seeds), got {c.seed}.')
+  if c.workers and c.runtime != 'tff':
+    bad('workers', f'TFF workers run only under --runtime=tff, not --runtime={c.runtime}; drop '
+        '--workers or use --runtime=tff.')
+  if c.num_atoms and not c.decomposed:
+    bad('num_atoms', 'sets the atoms of filter-decomposed convolutions; pass --decomposed too, '
+        'or drop --num_atoms.')
 
 
 class Experiment:
@@ -194,7 +209,7 @@ class Experiment:
         'n': int(n)}, sort_keys=True).encode()).hexdigest()[:12]
     cache_root = c.cache_dir or os.path.join(os.path.expanduser('~'), '.cache', 'tff_decorr')
     shard_dir = os.path.join(cache_root, c.task, f'{c.partition}-{key}')
-    client_data.write_client_shards(images, labels, parts, shard_dir)
+    client_data.write_client_shards(images, labels, parts, shard_dir, log=self.log)
     self.partition = parts
     self.train_labels = labels
     self.shard_dir = shard_dir
@@ -204,6 +219,10 @@ class Experiment:
                                                          epochs=int(c.local_epochs),
                                                          drop_remainder=c.regularizer == 'feduv')
     return parts
+
+  def check_client_data(self, client_ids) -> None:
+    """Before a round: every sampled client's cached shard is still the one written."""
+    client_data.check_shards(self.shard_dir, client_ids)
 
   def test_dataset(self, batch_size: int = 256) -> tf.data.Dataset:
     return self.task.test_dataset(self.config.data_dir or None, batch_size)

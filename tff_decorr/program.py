@@ -32,6 +32,18 @@ class CheckpointError(ValueError):
   """A checkpoint exists but cannot be read; the message says how to proceed."""
 
 
+class NonFiniteError(RuntimeError):
+  """Training produced a non-finite loss or global weights; the previous checkpoint is kept."""
+
+
+class Interrupted(Exception):  # Not a KeyboardInterrupt subclass: callers print one line for it.
+  """The user interrupted the run (Ctrl-C); `completed_round` is the last checkpointed round."""
+
+  def __init__(self, completed_round: int):
+    super().__init__(f'interrupted after round {completed_round}')
+    self.completed_round = completed_round
+
+
 def sample_clients(num_clients: int, clients_per_round: int, seed: int, round_num: int) -> list:
   """The clients of round `round_num` (1-based): a seeded draw without replacement, sorted."""
   if clients_per_round >= num_clients:
@@ -97,8 +109,10 @@ def summarize_train_metrics(m: dict) -> dict:
 
 
 def checkpoint_manager(output_dir: str) -> tff.program.FileProgramStateManager:
+  # The two newest rounds (TFF's default keep_first=True would keep round 1 and the newest only),
+  # so removing a damaged newest checkpoint resumes from the one before it.
   return tff.program.FileProgramStateManager(os.path.join(output_dir, 'checkpoints'),
-                                             prefix='round_', keep_total=2)
+                                             prefix='round_', keep_total=2, keep_first=False)
 
 
 def client_manifest_path(output_dir: str, round_num: int) -> str:
@@ -106,8 +120,25 @@ def client_manifest_path(output_dir: str, round_num: int) -> str:
 
 
 def _checkpoint_structure(initial_server_state) -> dict:
-  return {'round': 0, 'server_state': initial_server_state, 'best_accuracy': 0.0,
-          'best_round': 0, 'last_accuracy': -1.0}
+  # Accuracies are float64 so that a resumed run's summary equals the uninterrupted one exactly
+  # (a Python float would be saved as float32).
+  return {'round': 0, 'server_state': initial_server_state, 'best_accuracy': np.float64(0.0),
+          'best_round': 0, 'last_accuracy': np.float64(-1.0)}
+
+
+def _recovery_advice(output_dir: str) -> str:
+  """What to do when the newest checkpoint (or what it refers to) is damaged."""
+  ckpt_dir = os.path.join(output_dir, 'checkpoints')
+  try:
+    versions = sorted(asyncio.run(checkpoint_manager(output_dir).get_versions()) or [])
+  except Exception:  # pylint: disable=broad-except  (advice only; never hide the real error)
+    versions = []
+  if len(versions) >= 2:
+    return (f'remove {ckpt_dir}/round_{versions[-1]} (the newest checkpoint) and re-run the same '
+            f'command to resume from round {versions[-2]}, or use another --output_dir '
+            '(nothing was changed)')
+  return ('use another --output_dir, or pass --overwrite to move this run aside (nothing was '
+          'changed)')
 
 
 def load_checkpoint(output_dir: str, initial_server_state) -> Optional[dict]:
@@ -118,16 +149,21 @@ def load_checkpoint(output_dir: str, initial_server_state) -> Optional[dict]:
   except Exception as e:  # Any failure to read is reported the same way: never train over it.
     raise CheckpointError(
         f'the checkpoint in {output_dir}/checkpoints cannot be read ({type(e).__name__}: '
-        f'{str(e)[:200]}); remove the broken round_* directory there to resume from the previous '
-        'one, or use another --output_dir (nothing was changed).') from e
+        f'{str(e)[:160]}); {_recovery_advice(output_dir)}.') from e
   return saved
+
+
+def is_finite_weights(weights: Sequence) -> bool:
+  return all(np.all(np.isfinite(np.asarray(w))) for w in weights)
 
 
 def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
         evaluate_fn: Callable[[Any, int], dict],
         export_fn: Callable[[list, str, Optional[dict]], None],
         on_round_end: Optional[Callable[[int, Any], None]] = None,
-        before_round: Optional[Callable[..., Optional[dict]]] = None, log=print) -> dict:
+        before_round: Optional[Callable[..., Optional[dict]]] = None,
+        check_clients: Optional[Callable[[Sequence[str]], None]] = None,
+        log=print) -> Optional[dict]:
   """Runs (or resumes) the federated training loop. Returns the final summary dict.
 
   Args:
@@ -143,6 +179,12 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
       called before the round runs (e.g. to reproduce and save chosen clients' local models).
     export_fn: (weights, directory, extra metadata or None) -> writes a SavedModel there. A
       personalised algorithm also exports each client's own model (personalized.client_export_dir).
+    check_clients: optional (client ids) -> None, raising with a clear message when a sampled
+      client's data is unusable (e.g. a missing cache shard), before the round starts.
+
+  Returns the summary, or None when the run already holds more rounds than `loop.rounds` (nothing
+  is trained or written). Raises NonFiniteError (the last finite round stays checkpointed) and
+  Interrupted (Ctrl-C; the last completed round is checkpointed).
   """
   ckpt_dir = os.path.join(output_dir, 'checkpoints')
   ckpt = checkpoint_manager(output_dir)
@@ -159,66 +201,102 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
       store.load_manifest(manifest(int(state['round'])))
     except (OSError, ValueError) as e:
       raise CheckpointError(f'the client states of the checkpoint in {ckpt_dir} are incomplete '
-                            f'({e}); use another --output_dir (nothing was changed).') from e
+                            f'({e}); {_recovery_advice(output_dir)}.') from e
     log(f'Resuming {output_dir} after round {int(state["round"])}')
+    if int(state['round']) > loop.rounds:
+      log(f'warning: the run already completed {int(state["round"])} rounds, more than '
+          f'--rounds={loop.rounds}; nothing to do (its summary.json is left as it is).')
+      return None
   metrics_io = Metrics(output_dir)
   start_round = int(state['round']) + 1
   server_state = state['server_state']
-  times = []
-  last_test = {}
-  for round_num in range(start_round, loop.rounds + 1):
-    clients = sample_clients(loop.num_clients, loop.clients_per_round, loop.seed, round_num)
-    client_inputs = [(str(c), client_seed(loop.seed, round_num, c)) for c in clients]
-    ids = [cid for cid, _ in client_inputs]
-    client_states = store.load_many(ids)
-    pre_round = (before_round(round_num, server_state, client_inputs, client_states)
-                 if before_round is not None else None)
-    t0 = time.perf_counter()  # Round time: the federated round alone.
-    server_state, new_states, train_metrics = runtime.run_round(server_state, client_inputs,
-                                                                client_states)
-    store.save_many(ids, new_states, round_num)
-    round_time = time.perf_counter() - t0
-    values = summarize_train_metrics(train_metrics)
-    values['round_time_s'] = round_time
-    if pre_round:
-      values.update(pre_round)
-    weights = algorithm.global_weights(server_state)
-    test = {}
-    if round_num % max(loop.eval_every, 1) == 0 or round_num == loop.rounds:
-      test = last_test = evaluate_fn(server_state, round_num)
-      values.update({k: v for k, v in test.items() if np.isscalar(v)})
-      for i, a in enumerate(test.get('per_client_test_accuracy', [])):
-        values[f'client_{i}_test_accuracy'] = a
-      acc = float(test.get('test_accuracy', -1.0))
-      state['last_accuracy'] = acc
-      if acc > float(state['best_accuracy']):
-        state['best_accuracy'], state['best_round'] = acc, round_num
-    if on_round_end is not None:
-      extra = on_round_end(round_num, server_state)
-      if extra:
-        values.update(extra)
-    metrics_io.release(values, round_num)
-    if loop.export_every and round_num % loop.export_every == 0:
-      export_fn(weights, os.path.join(output_dir, 'export', f'round_{round_num}'), None)
-    state = {'round': round_num, 'server_state': server_state,
-             'best_accuracy': float(state['best_accuracy']), 'best_round': int(state['best_round']),
-             'last_accuracy': float(state['last_accuracy'])}
-    store.save_manifest(manifest(round_num), prune=False)
-    asyncio.run(ckpt.save(state, round_num))  # The commit point of the round.
-    store.save_manifest(manifest(round_num), prune=True)
-    stale = manifest(round_num - 2)
-    if os.path.exists(stale):
-      os.remove(stale)
-    times.append(round_time)
-    steady = times[1:] or times
-    eta = (loop.rounds - round_num) * float(np.median(steady))
-    line = (f'round {round_num}/{loop.rounds}  clients {len(clients)}  '
-            f'train_loss {values["train_loss"]:.4f}  train_acc {values["train_accuracy"]:.4f}  '
-            f'reg {values["train_regularizer"]:.4f}')
-    if test:
-      line += f'  test_acc {float(test.get("test_accuracy", float("nan"))):.4f}'
-    line += f'  {round_time:.1f}s  ETA {_fmt_eta(eta)}'
-    log(line)
+  try:
+    times = []
+    last_test = {}
+    for round_num in range(start_round, loop.rounds + 1):
+      clients = sample_clients(loop.num_clients, loop.clients_per_round, loop.seed, round_num)
+      client_inputs = [(str(c), client_seed(loop.seed, round_num, c)) for c in clients]
+      ids = [cid for cid, _ in client_inputs]
+      if check_clients is not None:
+        check_clients(ids)
+      client_states = store.load_many(ids)
+      pre_round = (before_round(round_num, server_state, client_inputs, client_states)
+                   if before_round is not None else None)
+      t0 = time.perf_counter()  # Round time: the federated round alone.
+      server_state, new_states, train_metrics = runtime.run_round(server_state, client_inputs,
+                                                                  client_states)
+      loss = float(train_metrics.get('loss_sum', 0.0))
+      if not math.isfinite(loss) or not is_finite_weights(algorithm.global_weights(server_state)):
+        what = 'training loss' if not math.isfinite(loss) else 'global model weights'
+        raise NonFiniteError(
+            f'round {round_num}: the {what} became non-finite (NaN or inf); stopped without '
+            'saving it. ' + (f'The checkpoint of round {round_num - 1} is kept. '
+                             if round_num > 1 else '') +
+            'Lower --client_lr (or the regulariser/algorithm coefficients) and start a new '
+            '--output_dir.')
+      store.save_many(ids, new_states, round_num)
+      round_time = time.perf_counter() - t0
+      values = summarize_train_metrics(train_metrics)
+      values['round_time_s'] = round_time
+      if pre_round:
+        values.update(pre_round)
+      weights = algorithm.global_weights(server_state)
+      test = {}
+      if round_num % max(loop.eval_every, 1) == 0 or round_num == loop.rounds:
+        test = last_test = evaluate_fn(server_state, round_num)
+        values.update({k: v for k, v in test.items() if np.isscalar(v)})
+        for i, a in enumerate(test.get('per_client_test_accuracy', [])):
+          values[f'client_{i}_test_accuracy'] = a
+        acc = np.float64(test.get('test_accuracy', -1.0))
+        state['last_accuracy'] = acc
+        if acc > state['best_accuracy']:
+          state['best_accuracy'], state['best_round'] = acc, round_num
+      if on_round_end is not None:
+        extra = on_round_end(round_num, server_state)
+        if extra:
+          values.update(extra)
+      metrics_io.release(values, round_num)
+      if loop.export_every and round_num % loop.export_every == 0:
+        export_fn(weights, os.path.join(output_dir, 'export', f'round_{round_num}'), None)
+      state = {'round': round_num, 'server_state': server_state,
+               'best_accuracy': np.float64(state['best_accuracy']),
+               'best_round': int(state['best_round']),
+               'last_accuracy': np.float64(state['last_accuracy'])}
+      store.save_manifest(manifest(round_num), prune=False)
+      asyncio.run(ckpt.save(state, round_num))  # The commit point of the round.
+      # Prune client states no kept checkpoint refers to (this one and the previous one).
+      store.save_manifest(manifest(round_num), prune=True,
+                          keep=store.read_manifest(manifest(round_num - 1)))
+      stale = manifest(round_num - 2)
+      if os.path.exists(stale):
+        os.remove(stale)
+      times.append(round_time)
+      steady = times[1:] or times
+      eta = (loop.rounds - round_num) * float(np.median(steady))
+      line = (f'round {round_num}/{loop.rounds}  clients {len(clients)}  '
+              f'train_loss {values["train_loss"]:.4f}  train_acc {values["train_accuracy"]:.4f}  '
+              f'reg {values["train_regularizer"]:.4f}')
+      if test:
+        line += f'  test_acc {float(test.get("test_accuracy", float("nan"))):.4f}'
+      line += f'  {round_time:.1f}s  ETA {_fmt_eta(eta)}'
+      log(line)
+  except KeyboardInterrupt:
+    raise Interrupted(_completed_round(output_dir)) from None
+  return _finish(algorithm, store, loop, output_dir, evaluate_fn, export_fn, server_state, state,
+                 last_test)
+
+
+def _completed_round(output_dir: str) -> int:
+  try:
+    versions = asyncio.run(checkpoint_manager(output_dir).get_versions()) or []
+  except Exception:  # pylint: disable=broad-except
+    versions = []
+  return int(max(versions)) if versions else 0
+
+
+def _finish(algorithm, store, loop, output_dir, evaluate_fn, export_fn, server_state, state,
+            last_test):
+  """Exports the final model(s) and returns the summary."""
   final_weights = algorithm.global_weights(server_state)
   export_dir = os.path.join(output_dir, 'export', 'saved_model')
   export_fn(final_weights, export_dir, {'personalized': bool(algorithm.personalized)})
@@ -255,10 +333,3 @@ def set_gpu_memory_growth() -> list:
       logging.warning('GPU %s was initialised before memory growth could be set.', gpu.name)
   return gpus
 
-
-def is_finite_weights(weights: Sequence) -> bool:
-  return all(np.all(np.isfinite(np.asarray(w))) for w in weights)
-
-
-def fmt_accuracy(x: float) -> str:
-  return 'n/a' if x is None or (isinstance(x, float) and math.isnan(x)) or x < 0 else f'{x:.4f}'

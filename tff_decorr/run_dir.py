@@ -1,7 +1,9 @@
 """A run's output directory: its resolved configuration, and refusing to mix two runs in one dir.
 
 Layout of a run directory:
-  config.json          the resolved configuration (flags + task defaults), written before round 1
+  .lock                held (flock) by the process running it: one run per directory at a time
+  config.json          the resolved configuration (flags + task defaults), written once every
+                       check has passed, just before round 1
   checkpoints/         program state, one version per round (tff.program.FileProgramStateManager)
   client_states/       per-client state (FedBN BN, SCAFFOLD c_i, MOON previous model)
   metrics.csv          one row per round (tff.program.CSVFileReleaseManager)
@@ -12,11 +14,19 @@ Layout of a run directory:
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import shutil
 import time
 from typing import Any, Mapping
+
+LOCK_FILE = '.lock'
+# Files a start leaves behind before config.json exists; a directory holding only these is empty.
+_START_FILES = frozenset({LOCK_FILE})
+_LOCKS: dict = {}  # output_dir -> open lock file (kept open: the kernel releases it at exit)
+_CREATED: set = set()  # directories this process created (removed again if its start fails)
 
 # Keys that may differ when a run is resumed: where things are, how they are executed or shown,
 # and how long to go on. Everything else changes the result, so a mismatch is refused.
@@ -55,46 +65,152 @@ def _json_default(value):
   return str(value)
 
 
-def prepare(output_dir: str, config: Mapping[str, Any], overwrite: bool = False) -> bool:
-  """Makes `output_dir` ready for a run with `config`.
+def prepare(output_dir: str, config: Mapping[str, Any], overwrite: bool = False,
+            log=print) -> bool:
+  """Makes `output_dir` ready for a run with `config`, without writing config.json yet.
 
-  Returns True when the directory already holds this run (so the caller resumes it). A directory
-  holding a run with a different configuration is refused unless `overwrite`, in which case the old
-  run is moved aside (`<dir>.replaced-<time>`), never deleted.
+  Takes the directory's lock first (a second process is refused, naming the holder's PID), then
+  compares with the run already there. Returns True when the directory holds this run (the caller
+  resumes it). A run with a different configuration is refused unless `overwrite`, which moves it
+  aside (`<dir>.replaced-<time>-<pid>[-n]`, never deleted, never nested). Call `write_config` once
+  every other check has passed, so a start that fails leaves nothing that refuses the corrected
+  command.
   """
   if not output_dir:
     raise RunDirError('--output_dir is empty: give a directory for the run outputs.')
   if os.path.exists(output_dir) and not os.path.isdir(output_dir):
     raise RunDirError(f'--output_dir={output_dir} is a file; give a directory.')
+  if not os.path.exists(output_dir):
+    os.makedirs(output_dir)
+    _CREATED.add(os.path.abspath(output_dir))
+  lock(output_dir)
+  clean_leftovers(output_dir)
   path = config_path(output_dir)
-  if os.path.isdir(output_dir) and os.listdir(output_dir):
-    old = None
-    if os.path.exists(path):
-      try:
-        with open(path) as f:
-          old = json.load(f)
-      except (OSError, json.JSONDecodeError) as e:
-        raise RunDirError(f'--output_dir={output_dir} has an unreadable config.json ({e}); '
-                          'use another --output_dir, or pass --overwrite to move it aside.') from e
-    same = old is not None and not differences(old, config)
-    if same and not overwrite:
-      write_json_atomic(path, dict(config))
-      return True
-    if not overwrite:
-      if old is None:
-        raise RunDirError(f'--output_dir={output_dir} is not empty and holds no tff_decorr run; '
-                          'use an empty or new directory, or pass --overwrite to move it aside.')
-      diff = ', '.join(f'--{k}: {old.get(k)!r} -> {config.get(k)!r}'
-                       for k in differences(old, config))
-      raise RunDirError(f'--output_dir={output_dir} holds a run with a different configuration '
-                        f'({diff}); use another --output_dir, or pass --overwrite to move the old '
-                        'run aside.')
-    aside = f'{output_dir.rstrip(os.sep)}.replaced-{time.strftime("%Y%m%d-%H%M%S")}'
-    shutil.move(output_dir, aside)
-    print(f'--overwrite: moved the previous run to {aside}', flush=True)
-  os.makedirs(output_dir, exist_ok=True)
-  write_json_atomic(path, dict(config))
+  if not set(os.listdir(output_dir)) - _START_FILES:
+    return False
+  old = None
+  if os.path.exists(path):
+    try:
+      with open(path) as f:
+        old = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+      raise RunDirError(f'--output_dir={output_dir} has an unreadable config.json ({e}); '
+                        'use another --output_dir, or pass --overwrite to move it aside.') from e
+  if old is not None and not differences(old, config):
+    if overwrite:
+      log(f'--overwrite: {output_dir} holds a run with the same configuration; resuming it '
+          '(--overwrite moves aside only a run with a different configuration).')
+    return True
+  if not overwrite:
+    if old is None:
+      raise RunDirError(f'--output_dir={output_dir} is not empty and holds no tff_decorr run; '
+                        'use an empty or new directory, or pass --overwrite to move it aside.')
+    diff = ', '.join(f'--{k}: {old.get(k)!r} -> {config.get(k)!r}'
+                     for k in differences(old, config))
+    raise RunDirError(f'--output_dir={output_dir} holds a run with a different configuration '
+                      f'({diff}); use another --output_dir, or pass --overwrite to move the old '
+                      'run aside.')
+  aside = _move_aside(output_dir)
+  log(f'--overwrite: moved the previous run to {aside}')
   return False
+
+
+def write_config(output_dir: str, config: Mapping[str, Any]) -> None:
+  """Records the run's configuration: from now on the directory belongs to this configuration."""
+  write_json_atomic(config_path(output_dir), dict(config))
+
+
+def _move_aside(output_dir: str) -> str:
+  """Renames the run directory to a fresh sibling name and re-creates it empty, locked.
+
+  The new directory is created and locked under a temporary name first, so between the two renames
+  every path another process may open is locked by this one. `os.rename` never moves a directory
+  *into* an existing one (shutil.move does), and the name is unique per process and attempt.
+  """
+  base = output_dir.rstrip(os.sep)
+  fresh = f'{base}.new-{os.getpid()}'
+  os.makedirs(fresh)
+  lock(fresh)
+  stamp = f'{base}.replaced-{time.strftime("%Y%m%d-%H%M%S")}-{os.getpid()}'
+  aside, n = stamp, 0
+  while os.path.exists(aside):
+    n += 1
+    aside = f'{stamp}-{n}'
+  os.rename(base, aside)
+  os.rename(fresh, base)
+  unlock(output_dir)  # The old lock file now lives in `aside`.
+  _LOCKS[os.path.abspath(output_dir)] = _LOCKS.pop(os.path.abspath(fresh))
+  return aside
+
+
+def lock(output_dir: str) -> None:
+  """Exclusive lock on `<output_dir>/.lock` for this process's lifetime (flock: released by the
+  kernel when the process dies, so a killed run never leaves a stale lock). Holds the PID."""
+  key = os.path.abspath(output_dir)
+  if key in _LOCKS:
+    return
+  path = os.path.join(output_dir, LOCK_FILE)
+  f = open(path, 'a+')  # pylint: disable=consider-using-with  (held until exit)
+  try:
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError as e:
+    if e.errno not in (errno.EAGAIN, errno.EACCES):
+      f.close()
+      raise
+    f.seek(0)
+    holder = f.read().strip() or 'unknown'
+    f.close()
+    raise RunDirError(f'--output_dir={output_dir} is in use by another run (PID {holder}); wait '
+                      'for it to finish, or use another --output_dir.') from None
+  f.seek(0)
+  f.truncate()
+  f.write(f'{os.getpid()}\n')
+  f.flush()
+  _LOCKS[key] = f
+
+
+def unlock(output_dir: str, remove_if_unused: bool = False) -> None:
+  """Releases the lock; with `remove_if_unused`, also removes a directory that a failed start
+  created and left with nothing but its lock file."""
+  key = os.path.abspath(output_dir)
+  f = _LOCKS.pop(key, None)
+  created = key in _CREATED
+  _CREATED.discard(key)
+  if f is None:
+    return
+  if (remove_if_unused and created and os.path.isdir(output_dir)
+      and not set(os.listdir(output_dir)) - _START_FILES):
+    shutil.rmtree(output_dir, ignore_errors=True)
+  f.close()
+
+
+def clean_leftovers(output_dir: str, log=print) -> list:
+  """Removes what an interrupted writer leaves (a kill, a full disk): temporary checkpoint
+  directories, half-written exports and JSON temporaries. Only called with the lock held, so no
+  other process is writing them."""
+  removed = []
+  candidates = []
+  for sub, match in (('checkpoints', lambda n: '_temp' in n),
+                     ('export', lambda n: '.tmp-' in n or '.old-' in n),
+                     ('', lambda n: '.json.tmp-' in n)):
+    d = os.path.join(output_dir, sub)
+    if os.path.isdir(d):
+      candidates += [os.path.join(d, n) for n in os.listdir(d) if match(n)]
+  clients = os.path.join(output_dir, 'export', 'clients')
+  if os.path.isdir(clients):
+    for c in os.listdir(clients):
+      d = os.path.join(clients, c)
+      if os.path.isdir(d):
+        candidates += [os.path.join(d, n) for n in os.listdir(d) if '.tmp-' in n or '.old-' in n]
+  for path in candidates:
+    if os.path.isdir(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      os.remove(path)
+    removed.append(path)
+  if removed:
+    log(f'removed {len(removed)} leftover temporary file(s) of an interrupted run in {output_dir}')
+  return removed
 
 
 def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:

@@ -1,0 +1,285 @@
+"""Reliability of the run loop and the run directory, in-process (docs/reliability.md).
+
+The training program (tff_decorr.program) is driven by a stub runtime whose rounds are cheap and
+scriptable (a NaN in round k, a Ctrl-C in round k), with the real checkpoint manager, client-state
+store and run-directory code. End-to-end cases through bin/train are in reliability_cli_test.py.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl.testing import absltest
+import numpy as np
+
+from tasks import client_data
+from tff_decorr import client_state
+from tff_decorr import program
+from tff_decorr import run_dir
+from tests import testutil
+
+
+class StubAlgorithm:
+  personalized = False
+
+  def global_weights(self, server_state):
+    return list(server_state['weights'])
+
+  def initial_client_state(self, weights):
+    del weights
+    return {'visits': np.int32(0)}
+
+
+class StubRuntime:
+  """Round r adds 1 to the weights and to each sampled client's visit count; accuracies are
+  fractions with long binary expansions (k/90) so float32 storage would change them."""
+
+  def __init__(self, nan_in_round=None, inf_weights_in_round=None, interrupt_in_round=None):
+    self.nan_in_round = nan_in_round
+    self.inf_weights_in_round = inf_weights_in_round
+    self.interrupt_in_round = interrupt_in_round
+    self.rounds_run = []
+
+  def initialize(self):
+    return {'weights': [np.zeros(3, np.float32)]}
+
+  def run_round(self, server_state, client_inputs, client_states):
+    r = int(server_state['weights'][0][0]) + 1
+    self.rounds_run.append(r)
+    if r == self.interrupt_in_round:
+      raise KeyboardInterrupt
+    w = server_state['weights'][0] + 1
+    if r == self.inf_weights_in_round:
+      w = w * np.inf
+    loss = np.nan if r == self.nan_in_round else 1.0
+    states = [{'visits': np.int32(s['visits'] + 1)} for s in client_states]
+    return {'weights': [w]}, states, {'loss_sum': loss * 10, 'examples': 10.0}
+
+
+class ProgramTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.dir = tempfile.mkdtemp()
+
+  def run_program(self, runtime, rounds, check_clients=None, clients_per_round=2):
+    store = client_state.ClientStateStore(os.path.join(self.dir, 'client_states'),
+                                          initial_fn=lambda: {'visits': np.int32(0)})
+    loop = program.LoopConfig(rounds=rounds, num_clients=4, clients_per_round=clients_per_round,
+                              seed=0)
+    evaluate = lambda state, r: {'test_accuracy': (22 + r) / 90}
+    exported = []
+    summary = program.run(runtime=runtime, algorithm=StubAlgorithm(), store=store, loop=loop,
+                          output_dir=self.dir, evaluate_fn=evaluate,
+                          export_fn=lambda w, d, meta: exported.append(d),
+                          check_clients=check_clients, log=lambda s: None)
+    return summary, store
+
+  def test_removing_a_damaged_newest_checkpoint_resumes_from_the_previous_one(self):
+    # Partial participation: round 3's clients leave newer versions than round 2's manifest names.
+    self.run_program(StubRuntime(), rounds=3)
+    ckpt = os.path.join(self.dir, 'checkpoints')
+    self.assertEqual(sorted(os.listdir(ckpt)),
+                     ['client_states_2.json', 'client_states_3.json', 'round_2', 'round_3'])
+    for name in os.listdir(os.path.join(ckpt, 'round_3')):
+      path = os.path.join(ckpt, 'round_3', name)
+      if os.path.isfile(path):
+        with open(path, 'wb') as f:
+          f.write(b'garbage')
+    with self.assertRaises(program.CheckpointError) as cm:
+      self.run_program(StubRuntime(), rounds=3)
+    advice = str(cm.exception)
+    self.assertIn(f'remove {ckpt}/round_3', advice)
+    self.assertIn('resume from round 2', advice)
+    shutil.rmtree(os.path.join(ckpt, 'round_3'))  # Exactly what the message says.
+    runtime = StubRuntime()
+    summary, store = self.run_program(runtime, rounds=3)
+    self.assertEqual(runtime.rounds_run, [3])
+    self.assertEqual(summary['final_round'], 3)
+    # Client states are those of an uninterrupted run.
+    ref_dir, self.dir = self.dir, tempfile.mkdtemp()
+    _, ref_store = self.run_program(StubRuntime(), rounds=3)
+    for c in '0123':
+      self.assertEqual(int(store.load(c)['visits']), int(ref_store.load(c)['visits']), c)
+    del ref_dir
+
+  def test_non_finite_loss_stops_and_keeps_the_last_finite_checkpoint(self):
+    with self.assertRaisesRegex(program.NonFiniteError, 'round 3: the training loss'):
+      self.run_program(StubRuntime(nan_in_round=3), rounds=5)
+    saved = program.load_checkpoint(self.dir, StubRuntime().initialize())
+    self.assertEqual(int(saved['round']), 2)
+    np.testing.assert_array_equal(saved['server_state']['weights'][0], [2, 2, 2])
+
+  def test_non_finite_weights_stop(self):
+    with self.assertRaisesRegex(program.NonFiniteError, 'round 2: the global model weights'):
+      self.run_program(StubRuntime(inf_weights_in_round=2), rounds=3)
+    self.assertEqual(int(program.load_checkpoint(self.dir, StubRuntime().initialize())['round']),
+                     1)
+
+  def test_ctrl_c_reports_the_last_completed_round(self):
+    with self.assertRaises(program.Interrupted) as cm:
+      self.run_program(StubRuntime(interrupt_in_round=3), rounds=5)
+    self.assertEqual(cm.exception.completed_round, 2)
+    runtime = StubRuntime()
+    self.run_program(runtime, rounds=5)
+    self.assertEqual(runtime.rounds_run, [3, 4, 5])
+
+  def test_resumed_summary_equals_the_uninterrupted_one_exactly(self):
+    uninterrupted, _ = self.run_program(StubRuntime(), rounds=3)
+    self.dir = tempfile.mkdtemp()
+    self.run_program(StubRuntime(), rounds=1)
+    resumed, _ = self.run_program(StubRuntime(), rounds=3)
+    for key in ('final_test_accuracy', 'best_test_accuracy', 'final_round', 'best_round'):
+      self.assertEqual(resumed[key], uninterrupted[key], key)
+    self.assertEqual(resumed['final_test_accuracy'], 25 / 90)  # Not its float32 rounding.
+
+  def test_fewer_rounds_than_completed_trains_and_writes_nothing(self):
+    self.run_program(StubRuntime(), rounds=3)
+    runtime = StubRuntime()
+    summary, _ = self.run_program(runtime, rounds=2)
+    self.assertIsNone(summary)
+    self.assertEqual(runtime.rounds_run, [])
+
+  def test_sampled_clients_are_checked_before_each_round(self):
+    seen = []
+
+    def check(ids):
+      seen.append(list(ids))
+      if len(seen) == 2:
+        raise client_data.ShardError('client 1 missing')
+
+    runtime = StubRuntime()
+    with self.assertRaisesRegex(client_data.ShardError, 'client 1'):
+      self.run_program(runtime, rounds=3, check_clients=check, clients_per_round=4)
+    self.assertEqual(seen, [['0', '1', '2', '3']] * 2)
+    self.assertEqual(runtime.rounds_run, [1])  # Round 2 never started.
+
+
+class ShardTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.dir = os.path.join(tempfile.mkdtemp(), 'shards')
+    rng = np.random.RandomState(0)
+    self.images = rng.randint(0, 255, (30, 4, 4, 1)).astype(np.uint8)
+    self.labels = rng.randint(0, 3, 30)
+    self.parts = [np.arange(0, 12), np.arange(12, 30)]
+    client_data.write_client_shards(self.images, self.labels, self.parts, self.dir,
+                                    log=lambda s: None)
+
+  def _records(self, cid):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    path = os.path.join(self.dir, f'{cid}.tfrecord')
+    return list(tf.data.TFRecordDataset(path).as_numpy_iterator())
+
+  def test_a_shard_truncated_at_a_record_boundary_is_detected_and_rewritten(self):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    records = self._records(1)
+    with tf.io.TFRecordWriter(os.path.join(self.dir, '1.tfrecord')) as w:
+      for r in records[:-3]:  # A valid file with 3 examples fewer.
+        w.write(r)
+    self.assertLen(self._records(1), 15)
+    with self.assertRaisesRegex(client_data.ShardError, r'client\(s\) 1 .*re-run the same command'):
+      client_data.check_shards(self.dir, ['0', '1'])
+    logged = []
+    client_data.write_client_shards(self.images, self.labels, self.parts, self.dir,
+                                    log=logged.append)
+    self.assertIn('rewriting', logged[0])
+    self.assertLen(self._records(1), 18)
+    client_data.check_shards(self.dir, ['0', '1'])
+
+  def test_a_deleted_shard_is_reported(self):
+    os.remove(os.path.join(self.dir, '0.tfrecord'))
+    with self.assertRaisesRegex(client_data.ShardError, r'client\(s\) 0 '):
+      client_data.check_shards(self.dir, ['0'])
+
+
+class RunDirTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.root = tempfile.mkdtemp()
+    self.out = os.path.join(self.root, 'run')
+
+  def tearDown(self):
+    for d in list(run_dir._LOCKS):  # pylint: disable=protected-access
+      run_dir.unlock(d)
+    super().tearDown()
+
+  def test_a_directory_locked_by_another_process_is_refused_naming_its_pid(self):
+    os.makedirs(self.out)
+    code = ('import sys, time; sys.path.insert(0, sys.argv[1]); from tff_decorr import run_dir; '
+            'run_dir.lock(sys.argv[2]); print("locked", flush=True); time.sleep(60)')
+    holder = subprocess.Popen([sys.executable, '-c', code, testutil.REPO_ROOT, self.out],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+      self.assertEqual(holder.stdout.readline().strip(), 'locked')
+      with self.assertRaisesRegex(run_dir.RunDirError,
+                                  f'in use by another run \\(PID {holder.pid}\\)'):
+        run_dir.prepare(self.out, {'a': 1}, log=lambda s: None)
+    finally:
+      holder.send_signal(signal.SIGKILL)
+      holder.wait()
+    # The kernel released the dead holder's lock: the directory is usable again.
+    self.assertFalse(run_dir.prepare(self.out, {'a': 1}, log=lambda s: None))
+
+  def test_overwrites_in_the_same_second_get_distinct_names_and_never_nest(self):
+    run_dir.prepare(self.out, {'a': 1}, log=lambda s: None)
+    run_dir.write_config(self.out, {'a': 1})
+    for value in (2, 3):
+      run_dir.prepare(self.out, {'a': value}, overwrite=True, log=lambda s: None)
+      run_dir.write_config(self.out, {'a': value})
+    aside = sorted(n for n in os.listdir(self.root) if '.replaced-' in n)
+    self.assertLen(aside, 2)
+    configs = []
+    for name in aside:  # Each holds exactly one run at its top level, nothing nested.
+      self.assertEqual(sorted(os.listdir(os.path.join(self.root, name))), ['.lock', 'config.json'])
+      with open(os.path.join(self.root, name, 'config.json')) as f:
+        configs.append(json.load(f)['a'])
+    self.assertCountEqual(configs, [1, 2])
+
+  def test_overwrite_with_the_same_configuration_resumes(self):
+    run_dir.prepare(self.out, {'a': 1}, log=lambda s: None)
+    run_dir.write_config(self.out, {'a': 1})
+    logged = []
+    self.assertTrue(run_dir.prepare(self.out, {'a': 1}, overwrite=True, log=logged.append))
+    self.assertIn('same configuration; resuming', logged[0])
+    self.assertEqual([n for n in os.listdir(self.root) if '.replaced-' in n], [])
+
+  def test_a_failed_start_leaves_nothing_behind(self):
+    self.assertFalse(run_dir.prepare(self.out, {'a': 1}, log=lambda s: None))
+    run_dir.unlock(self.out, remove_if_unused=True)  # What bin/train does when a check fails.
+    self.assertFalse(os.path.exists(self.out))
+    # A directory the user made stays.
+    os.makedirs(self.out)
+    run_dir.prepare(self.out, {'a': 1}, log=lambda s: None)
+    run_dir.unlock(self.out, remove_if_unused=True)
+    self.assertTrue(os.path.isdir(self.out))
+
+  def test_leftovers_of_interrupted_writes_are_removed_at_start(self):
+    run_dir.prepare(self.out, {'a': 1}, log=lambda s: None)
+    run_dir.write_config(self.out, {'a': 1})
+    run_dir.unlock(self.out)
+    keep = [os.path.join(self.out, 'checkpoints', 'round_3'),
+            os.path.join(self.out, 'export', 'saved_model')]
+    leftovers = [os.path.join(self.out, 'checkpoints', 'round_4_temp1234'),
+                 os.path.join(self.out, 'export', 'saved_model.tmp-4321'),
+                 os.path.join(self.out, 'export', 'clients', '0', 'saved_model.tmp-99')]
+    for d in keep + leftovers:
+      os.makedirs(d)
+    with open(os.path.join(self.out, 'summary.json.tmp-77'), 'w') as f:
+      f.write('{')
+    self.assertTrue(run_dir.prepare(self.out, {'a': 1}, log=lambda s: None))
+    for d in leftovers + [os.path.join(self.out, 'summary.json.tmp-77')]:
+      self.assertFalse(os.path.exists(d), d)
+    for d in keep:
+      self.assertTrue(os.path.isdir(d), d)
+
+
+if __name__ == '__main__':
+  absltest.main()
