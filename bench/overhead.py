@@ -15,7 +15,7 @@ CPU scale (default): CIFAR-10 from --data_dir (here the 10,000-image train split
 Paper scale: MobileNetV2 (1280-d), 10 local epochs, the full train split in --data_dir; the paper
 reports, per round on a V100: FedDecorr 1.03x, FedProx 1.81x, MOON 1.82x FedAvg.
 Hyper-parameters as the paper: beta=0.1, FedProx mu=1e-3, MOON mu=1, temperature 0.5 with a
-256-d projection head (REFERENCE-NOTES), lr 0.01, momentum 0.9, weight decay 1e-5.
+256-d projection head (docs/reference.md §4), lr 0.01, momentum 0.9, weight decay 1e-5.
 Writes bench/results/overhead_<scale>_<runtime>.json.
 """
 

@@ -1,7 +1,7 @@
 """Client data as files: one TFRecord shard per client, and the per-client dataset built from them.
 
 Why files: inside TFF's C++ runtime a client's dataset must be built from its client id, reading
-files (REFERENCE-NOTES §8: in-memory datasets are serialized into the computation, capped at 100 MB
+files (docs/reference.md §8: in-memory datasets are serialized into the computation, limit 100 MB
 and re-sent every round). The train split is decoded once, partitioned, and each client's examples
 are written once to `<dir>/<client id>.tfrecord` (raw uint8 pixels + label). Memory therefore does
 not grow with the number of clients, and 1,000 clients cost 1,000 small files.

@@ -16,7 +16,7 @@ _GOLDEN = [[0, 5, 0, 0, 59, 23, 0, 14, 0, 0], [6, 7, 0, 26, 2, 2, 22, 1, 6, 44],
 
 
 def _reference_dirichlet(labels, n_parties, beta, seed, min_require_size=10, num_classes=None):
-  """Independent transcription of the published algorithm (REFERENCE-NOTES §3), global RNG."""
+  """Independent transcription of the published algorithm (docs/reference.md §3), global RNG."""
   np.random.seed(seed)
   n = labels.shape[0]
   min_size = 0

@@ -167,8 +167,8 @@ class FedDecorrCheckValuesTest(tf.test.TestCase):
 
   def test_iid_gaussian(self):
     # E[r_ij^2] = 1/(N-1) for independent Gaussian columns, so E[loss] = (N-1)/N = 0.984 at N=64.
-    # (REFERENCE-NOTES §1 quotes "about 1.03"; the exact expectation is 0.984.) Over 5 seeds the
-    # values lie within 0.002 of it; the loss is a mean over 1280*1279 correlated terms.
+    # (docs/reference.md §1.) Over 5 seeds the values lie within 0.002 of it; the loss is a mean
+    # over 1280*1279 correlated terms.
     n, d = 64, 1280
     values = [float(regularizers.feddecorr_loss(
         tf.constant(np.random.RandomState(s).randn(n, d), tf.float32))) for s in range(3)]

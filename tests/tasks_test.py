@@ -89,7 +89,7 @@ class ResolvedSettingsTest(absltest.TestCase):
                          (task, algorithm))
 
   def test_paper_settings(self):
-    """Every value of REFERENCE-NOTES §4, as a run resolves it (written out here, not read from
+    """Every value of docs/reference.md §4, as a run resolves it (written out here, not read from
     the tasks): rounds, local epochs, lr, momentum, batch, weight decay, beta, clients (all
     sampled), Dirichlet alpha, augmentation and normalisation; FedProx mu; MOON mu and
     temperature; FedAvgM server momentum."""

@@ -1,7 +1,7 @@
 """Dimensional-collapse analysis: representation covariance, its spectrum, and summary numbers.
 
 The FedDecorr papers diagnose dimensional collapse by the spectrum of the covariance of a model's
-representations over the test set (REFERENCE-NOTES §6):
+representations over the test set (Shi et al., ICLR 2023; docs/reference.md §6):
 
   Sigma = (1/N) sum_i (z_i - mean)(z_i - mean)^T          (population covariance, 1/N)
 

@@ -23,7 +23,7 @@ state (`LearningAlgorithmState`: global_model_weights, distributor, client_work,
 finalizer) and metrics (`distributor`, `client_work/train`, `aggregator`, `finalizer`) contract, and
 its aggregator is a real `tff.templates.AggregationProcess` built from the factory.
 
-Per-client state: tff.learning has no client-placed state (REFERENCE-NOTES §8). It is kept in the
+Per-client state: tff.learning has no client-placed state (docs/reference.md §8). It is kept in the
 client-work state on the server, one row per client id (`client_ids=`), so train_model's program
 state checkpoints it and a resumed run continues it. That is a simulation device: the server holds
 what a deployed client would keep private. build_process therefore refuses those algorithms with
@@ -246,7 +246,7 @@ def from_keras_model(keras_model: tf.keras.Model, input_spec,
 
   BatchNormalization: accepted. TFF's stock algorithms train and aggregate the TRAINABLE variables
   only, so BN moving mean and variance stay at their initial values on the server (measured with
-  TFF 0.87, REFERENCE-NOTES §8) and the global model evaluates with statistics it never learned.
+  TFF 0.87, docs/reference.md §8) and the global model evaluates with statistics it never learned.
   `build_process('fedavg', ...)` in this module averages them as the reference does; `'fedbn'`
   keeps them per client.
 

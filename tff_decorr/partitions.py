@@ -45,7 +45,7 @@ def dirichlet_partition(labels: Sequence[int], num_clients: int, alpha: float, s
                         num_classes: Optional[int] = None) -> List[np.ndarray]:
   """Label-skewed split with per-class client proportions ~ Dir(alpha) ("noniid-labeldir").
 
-  Exactly the reference algorithm (REFERENCE-NOTES §3), so the same labels and seed give every
+  Exactly the reference algorithm (docs/reference.md §3), so the same labels and seed give every
   client exactly the examples it gets in the papers' code: seed the legacy global RNG; repeat until
   every client holds >= min_size examples: for each class k = 0 .. num_classes - 1 in order,
   shuffle its indices, draw p ~ Dir(alpha * 1), zero p_j for clients already holding

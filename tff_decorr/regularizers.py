@@ -18,7 +18,7 @@ from typing import Callable, Dict, Tuple
 
 import tensorflow as tf
 
-# The FedDecorr reference adds this inside the square root of the variance (REFERENCE-NOTES §1).
+# The FedDecorr reference adds this inside the square root of the variance (docs/reference.md §1).
 FEDDECORR_EPS = 1e-8
 
 
@@ -110,7 +110,7 @@ def _gram_off_diagonal_sq_sum(x: tf.Tensor):
 
 
 def feddecorr_loss(z: tf.Tensor) -> tf.Tensor:
-  """FedDecorr exactly as the PyTorch reference computes it (REFERENCE-NOTES §1).
+  """FedDecorr exactly as the PyTorch reference computes it (docs/reference.md §1).
 
   z: [N, d] representations. With N the actual batch size:
   standardise each column (centre, divide by sqrt(unbiased var + 1e-8)); K = z^T z (no 1/N);
@@ -170,7 +170,7 @@ def _lower_median(values: tf.Tensor, valid: tf.Tensor) -> Tuple[tf.Tensor, tf.Te
 
 
 def uniformity_loss(z: tf.Tensor) -> tf.Tensor:
-  """FedUV's uniformity term as its official code computes it (REFERENCE-NOTES §7).
+  """FedUV's uniformity term as its official code computes it (docs/reference.md §7).
 
   z: [N, d], the input of the final classifier (not L2-normalised). Over pairs i < j:
   dist_ij = ||z_i - z_j||^2 (from differences, so identical rows give exactly 0 as torch.pdist);
@@ -200,7 +200,7 @@ def _safe_sqrt(x: tf.Tensor) -> tf.Tensor:
 
 
 def variance_loss(logits: tf.Tensor) -> tf.Tensor:
-  """FedUV's variance term (REFERENCE-NOTES §7).
+  """FedUV's variance term (docs/reference.md §7).
 
   P = softmax(logits) [N, C]; s_k = unbiased standard deviation of column k over the batch;
   gamma = 1/sqrt(C) (the unbiased std of each column of the C x C identity, i.e. of a batch of

@@ -2,9 +2,10 @@
 
 Why not `tff.backends.native.set_sync_local_cpp_execution_context()`: in TFF 0.87 that context
 starts `worker_binary` with the parent's stdout/stderr and stops it only from a `__del__`, which
-does not reliably run at interpreter exit. The child then outlives Python (parent PID 1) and holds
-the parent's stdout, so `python prog.py | tail` never returns (REFERENCE-NOTES §8). Here we start
-the worker ourselves:
+does not reliably run at interpreter exit (TFF v0.87.0,
+`tensorflow_federated/python/core/impl/executor_stacks/executor_factory.py`). The child then
+outlives Python (parent PID 1) and holds the parent's stdout, so `python prog.py | tail` never
+returns (docs/reference.md §8). Here we start the worker ourselves:
 - its output goes to a log file, never to our stdout;
 - it is asked to die with its parent (Linux `PR_SET_PDEATHSIG`), so even `kill -9` of the Python
   process cannot orphan it;

@@ -8,7 +8,7 @@ optimiser, the loss and the metrics exist once.
 Model state is an explicit flat list of tensors in `model.weights` order. It holds trainable
 variables AND non-trainable ones (BatchNorm moving mean/variance): the reference averages the whole
 `state_dict`, BN statistics included, and a global model whose statistics stay at their initial
-values evaluates badly (REFERENCE-NOTES §5, §8).
+values evaluates badly (docs/reference.md §5, §8).
 
 SGD is written by hand because it must equal PyTorch's `SGD(lr, momentum, weight_decay)` that the
 reference uses: coupled L2 (`g += wd * w`, on every trainable variable, BN gamma/beta included),

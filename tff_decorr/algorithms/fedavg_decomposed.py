@@ -1,4 +1,4 @@
-"""FedAvg for filter-decomposed models with a fast/slow schedule (Chen & Qiu, REFERENCE-NOTES §7).
+"""FedAvg for filter-decomposed models with a fast/slow schedule (Chen & Qiu, docs/reference.md §7).
 
 In a decomposed model each conv kernel is coefficients x atoms; averaging both is plain FedAvg over
 the variables (use `fedavg`). This algorithm adds the fast/slow option: variables whose name

@@ -99,7 +99,7 @@ def tiny_decomposed_model(seed: int = 0) -> tf.keras.Model:
 
 
 def feddecorr_reference_form(beta: float = 0.1):
-  """FedDecorr per REFERENCE-NOTES §1, used by tests only until/unless tff_decorr.regularizers
+  """FedDecorr per docs/reference.md §1, used by tests only until/unless tff_decorr.regularizers
   provides it (tests prefer `regularizers.get('feddecorr', beta=...)` when that module exists)."""
 
   def fn(representation, logits):

@@ -1,4 +1,4 @@
-"""Filter-decomposed convolutions (Chen & Qiu, "Extra Clients at No Extra Cost"; REFERENCE-NOTES
+"""Filter-decomposed convolutions (Chen & Qiu, "Extra Clients at No Extra Cost"; docs/reference.md
 §7).
 
 A k x k convolution whose kernel is rebuilt at every call from two variables:

@@ -1,4 +1,4 @@
-"""MobileNetV2, CIFAR variant of the FedDecorr reference (REFERENCE-NOTES §2).
+"""MobileNetV2, CIFAR variant of the FedDecorr reference (docs/reference.md §2).
 
 Stem 3x3 conv 3->32 stride 1 + BN + ReLU; inverted-residual blocks (t, c, n, s) =
 (1,16,1,1) (6,24,2,1) (6,32,3,2) (6,64,4,2) (6,96,3,1) (6,160,3,2) (6,320,1,1); 1x1 conv

@@ -1,4 +1,4 @@
-"""CIFAR ResNets of the FedDecorr reference (REFERENCE-NOTES §2).
+"""CIFAR ResNets of the FedDecorr reference (docs/reference.md §2).
 
 - resnet20 / resnet32 (He et al. 2016, CIFAR): 3x3 conv 3->16 + BN + ReLU; three stages of n = 3 / 5
   basic blocks with 16, 32, 64 channels (stride 1, 2, 2); global average pooling (64-d); linear

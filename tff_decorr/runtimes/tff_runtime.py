@@ -7,8 +7,8 @@
 returns <new server_state@SERVER, new client_states@CLIENTS, summed metrics@SERVER>.
 
 Each client's dataset is built INSIDE the client computation from (client_id, seed) by
-`client_dataset_fn`, so datasets never cross into the runtime as serialized arrays (REFERENCE-NOTES
-§8: 100 MB cap, re-serialised every round). The client workspace (Keras model(s) + momentum
+`client_dataset_fn`, so datasets never cross into the runtime as serialized arrays (100 MB cap,
+re-serialised every round: docs/reference.md §8). The client workspace (Keras model(s) + momentum
 variables) is constructed inside the `tff.tensorflow.computation` body, as TFF's simple_fedavg does.
 Aggregation is `tff.federated_sum` of contributions and of weights; the server step is the
 algorithm's own function. No algorithm math lives here.
