@@ -20,6 +20,7 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.tensorflow_libs import serialization_utils
 
 from tff_decorr import algorithms
+from tff_decorr import models
 from tff_decorr import tf_env
 from tff_decorr import tff_context
 from tff_decorr.algorithms import client_update
@@ -94,6 +95,19 @@ class StepSpeedTest(tf.test.TestCase):
         self.assertAllClose(eager.metrics[name], graph.metrics[name], rtol=1e-5, atol=1e-6)
       for a, b in zip(eager.weights, graph.weights):
         self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
+
+  def test_large_model_client_step_can_be_called_again(self):
+    # AlexNet-BN (4096-d BatchNorm): grappler's gradient accumulators once outlived a call of a
+    # loop that ran the step inline, and the second call failed with AlreadyExistsError.
+    model_fn = lambda: models.build('alexnet_bn', num_classes=10, input_shape=(64, 64, 3))
+    ws = client_update.Workspace(model_fn)
+    start = [v.numpy() for v in ws.weights]
+    rng = np.random.RandomState(0)
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (rng.randn(8, 64, 64, 3).astype(np.float32), rng.randint(0, 10, 8))).batch(4)
+    train = tf.function(lambda: client_update.local_train(
+        ws, start, dataset, _CFG, testing.feddecorr(0.1)).metrics['loss_sum'])
+    self.assertAllClose(train(), train())
 
   def test_worker_environment_turns_onednn_on_unless_the_user_chose(self):
     self.assertEqual(tf_env.worker_environment({})['TF_ENABLE_ONEDNN_OPTS'], '1')

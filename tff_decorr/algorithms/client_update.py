@@ -158,6 +158,38 @@ def local_train(ws: Workspace, start_weights: Sequence[tf.Tensor], dataset: tf.d
   wd = tf.constant(config.weight_decay, tf.float32)
 
   zero = tf.constant(0.0, tf.float32)
+
+  # One SGD step on a batch; returns its metric increments. A function of its own that is never
+  # inlined: grappler may turn the gradient sums of a large model (AlexNet-BN's BatchNorm on 4096-d
+  # features) into TemporaryVariable accumulators, and inside the while loop below those outlive
+  # the call (the next call fails with AlreadyExistsError); in a called function they do not.
+  @tf.function(autograph=False, experimental_attributes={'_noinline': True})
+  def train_step(images, labels):
+    labels = tf.cast(tf.reshape(labels, [-1]), tf.int32)
+    bs = tf.cast(tf.shape(labels)[0], tf.float32)
+    with tf.GradientTape() as tape:
+      outputs = ws.model(images, training=True)
+      logits = outputs['logits']
+      ce = tf.reduce_mean(
+          tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+      reg = (tf.cast(regularizer(outputs['representation'], logits), tf.float32)
+             if regularizer is not None else zero)
+      extra = (tf.cast(extra_loss(outputs, images, labels), tf.float32)
+               if extra_loss is not None else zero)
+      loss = ce + reg + extra
+    grads = tape.gradient(loss, ws.trainable)
+    if grad_correction is not None:
+      grads = grad_correction(grads)
+    for v, g, buf in zip(ws.trainable, grads, ws.momentum):
+      if g is None:  # Unused variable: PyTorch skips parameters whose .grad is None.
+        continue
+      g = tf.convert_to_tensor(g) + wd * v
+      buf.assign(mom * buf + g)
+      v.assign_sub(lr * buf)
+    preds = tf.cast(tf.argmax(logits, axis=-1), tf.int32)
+    correct = tf.reduce_sum(tf.cast(tf.equal(preds, labels), tf.float32))
+    return loss * bs, ce * bs, reg * bs, extra * bs, correct, bs
+
   loss_sum, ce_sum, reg_sum, extra_sum, correct, examples = zero, zero, zero, zero, zero, zero
   steps = tf.constant(0, tf.int32)
   for _ in tf.range(config.local_epochs):
@@ -167,33 +199,12 @@ def local_train(ws: Workspace, start_weights: Sequence[tf.Tensor], dataset: tf.d
     # 0.66 CPU-s/step from this alone). Iterating an iterator becomes a while loop over
     # `get_next_as_optional` in this function's own graph, under both runtimes.
     for images, labels in iter(dataset):
-      labels = tf.cast(tf.reshape(labels, [-1]), tf.int32)
-      bs = tf.cast(tf.shape(labels)[0], tf.float32)
-      with tf.GradientTape() as tape:
-        outputs = ws.model(images, training=True)
-        logits = outputs['logits']
-        ce = tf.reduce_mean(
-            tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
-        reg = (tf.cast(regularizer(outputs['representation'], logits), tf.float32)
-               if regularizer is not None else zero)
-        extra = (tf.cast(extra_loss(outputs, images, labels), tf.float32)
-                 if extra_loss is not None else zero)
-        loss = ce + reg + extra
-      grads = tape.gradient(loss, ws.trainable)
-      if grad_correction is not None:
-        grads = grad_correction(grads)
-      for v, g, buf in zip(ws.trainable, grads, ws.momentum):
-        if g is None:  # Unused variable: PyTorch skips parameters whose .grad is None.
-          continue
-        g = tf.convert_to_tensor(g) + wd * v
-        buf.assign(mom * buf + g)
-        v.assign_sub(lr * buf)
-      preds = tf.cast(tf.argmax(logits, axis=-1), tf.int32)
-      loss_sum += loss * bs
-      ce_sum += ce * bs
-      reg_sum += reg * bs
-      extra_sum += extra * bs
-      correct += tf.reduce_sum(tf.cast(tf.equal(preds, labels), tf.float32))
+      d_loss, d_ce, d_reg, d_extra, d_correct, bs = train_step(images, labels)
+      loss_sum += d_loss
+      ce_sum += d_ce
+      reg_sum += d_reg
+      extra_sum += d_extra
+      correct += d_correct
       examples += bs
       steps += 1
   num_examples = examples / tf.cast(config.local_epochs, tf.float32)
