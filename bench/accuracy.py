@@ -56,7 +56,8 @@ def main(argv):
         out = os.path.join(FLAGS.output_dir, setting, f'a{alpha}-{reg}-s{seed}')
         cmd = [sys.executable, '-m', 'bin.train', '--task=cifar10',
                f'--data_dir={os.path.abspath(FLAGS.data_dir)}', '--runtime=tf',
-               f'--alpha={alpha}', f'--regularizer={reg}', f'--beta={FLAGS.beta}',
+               f'--dirichlet_alpha={alpha}', f'--regularizer={reg}',
+               *([f'--feddecorr_beta={FLAGS.beta}'] if reg == 'feddecorr' else []),
                f'--seed={seed}', f'--output_dir={out}',
                f'--cache_dir={os.path.join(FLAGS.output_dir, "cache")}', *scale]
         proc = subprocess.run(cmd, cwd=_ROOT, capture_output=True, text=True)

@@ -46,12 +46,12 @@ flags.DEFINE_string('child_pid_file', '', 'Internal: run the benchmark in this p
 
 
 def config(runtime: str):
-  from tff_decorr import experiment  # pylint: disable=g-import-not-at-top
-  return experiment.Config(
+  from tff_decorr import config as config_lib  # pylint: disable=g-import-not-at-top
+  return config_lib.make(
       task=FLAGS.task, data_dir=os.path.abspath(FLAGS.data_dir) if FLAGS.task != 'digits' else '',
       model=FLAGS.model, algorithm='fedavg', regularizer='none', local_epochs=FLAGS.local_epochs,
       batch_size=64, client_lr=0.01, momentum=0.9, weight_decay=1e-5, partition='dirichlet',
-      alpha=0.5, num_clients=FLAGS.num_clients, clients_per_round=FLAGS.num_clients, seed=0,
+      dirichlet_alpha=0.5, num_clients=FLAGS.num_clients, clients_per_round=FLAGS.num_clients, seed=0,
       runtime=runtime, max_concurrent_computation_calls=FLAGS.max_concurrent_computation_calls,
       cache_dir=_common.cache_dir())
 

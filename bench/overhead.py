@@ -47,25 +47,26 @@ flags.DEFINE_string('output_name', '', 'Name of the JSON in bench/results (defau
 
 VARIANTS = {
     'fedavg': dict(algorithm='fedavg', regularizer='none'),
-    'fedavg+feddecorr': dict(algorithm='fedavg', regularizer='feddecorr', beta=0.1),
-    'fedprox': dict(algorithm='fedprox', regularizer='none', mu=1e-3),
-    'moon': dict(algorithm='moon', regularizer='none', mu=1.0, temperature=0.5,
+    'fedavg+feddecorr': dict(algorithm='fedavg', regularizer='feddecorr', feddecorr_beta=0.1),
+    'fedprox': dict(algorithm='fedprox', regularizer='none', fedprox_mu=1e-3),
+    'moon': dict(algorithm='moon', regularizer='none', moon_mu=1.0, moon_temperature=0.5,
                  projection_dim=256),
     'fedavg+feduv': dict(algorithm='fedavg', regularizer='feduv'),
 }
 
 
 def config(**kw):
-  from tff_decorr import experiment  # pylint: disable=g-import-not-at-top
+  from tff_decorr import config as config_lib  # pylint: disable=g-import-not-at-top
   paper = FLAGS.scale == 'paper'
   base = dict(task='cifar10', data_dir=os.path.abspath(FLAGS.data_dir),
               model='mobilenet_v2_cifar' if paper else 'small_cnn',
               local_epochs=10 if paper else 1, batch_size=64, client_lr=0.01, momentum=0.9,
-              weight_decay=1e-5, partition='dirichlet', alpha=0.5, num_clients=FLAGS.num_clients,
+              weight_decay=1e-5, partition='dirichlet', dirichlet_alpha=0.5,
+              num_clients=FLAGS.num_clients,
               clients_per_round=FLAGS.num_clients, seed=0, runtime=FLAGS.runtime,
               cache_dir=_common.cache_dir())
   base.update(kw)
-  return experiment.Config(**base)
+  return config_lib.make(**base)
 
 
 def main(argv):
@@ -88,7 +89,7 @@ def main(argv):
   examples = sum(len(p) for p in runners['fedavg'].exp.partition)
   report = {'bench': 'overhead', 'scale': FLAGS.scale, 'runtime': FLAGS.runtime,
             'repeats': FLAGS.repeats, 'num_clients': c.num_clients, 'model': c.model,
-            'local_epochs': c.local_epochs, 'alpha': c.alpha, 'train_examples': examples,
+            'local_epochs': c.local_epochs, 'alpha': c.hparams['dirichlet']['alpha'], 'train_examples': examples,
             'variants': {n: VARIANTS[n] for n in names}, 'machine': machine,
             'first_round_s': first, 'results': summary,
             'results_cpu': cpu_summary}

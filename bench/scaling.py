@@ -60,14 +60,15 @@ def child(pop: int, out: str) -> None:
   import psutil  # pylint: disable=g-import-not-at-top
   from tasks import client_data  # pylint: disable=g-import-not-at-top
   from tff_decorr import client_state  # pylint: disable=g-import-not-at-top
+  from tff_decorr import config as config_lib  # pylint: disable=g-import-not-at-top
   from tff_decorr import experiment  # pylint: disable=g-import-not-at-top
   from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
   from tff_decorr import program  # pylint: disable=g-import-not-at-top
 
   k = FLAGS.examples_per_client
-  config = experiment.Config(
+  config = config_lib.make(
       task='cifar10', data_dir=os.path.abspath(FLAGS.data_dir), model='small_cnn',
-      algorithm='fedavg', regularizer='feddecorr', beta=0.1, partition='iid', num_clients=pop,
+      algorithm='fedavg', regularizer='feddecorr', feddecorr_beta=0.1, partition='iid', num_clients=pop,
       clients_per_round=FLAGS.per_round, rounds=FLAGS.rounds, local_epochs=1, batch_size=64,
       seed=0, runtime=FLAGS.runtime, output_dir=out)
   exp = experiment.Experiment(config, log=lambda s: None)

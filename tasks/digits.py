@@ -42,8 +42,9 @@ TASK = DigitsTask(
     default_model='small_cnn',
     default_partition='dirichlet',
     defaults=dict(rounds=15, local_epochs=5, client_lr=0.01, momentum=0.9, batch_size=32,
-                  weight_decay=1e-5, beta=0.1, alpha=0.5, num_clients=10, eval_every=1,
-                  regularizer='none,feddecorr', server_momentum=0.9),
+                  weight_decay=1e-5, num_clients=10, eval_every=1,
+                  regularizer='none,feddecorr',
+                  **{'feddecorr.beta': 0.1, 'dirichlet.alpha': 0.5, 'fedavgm.server_momentum': 0.9}),
     mean=(0.5,), std=(0.5,),
     augmentation='none',
     description='scikit-learn 8x8 digits, embedded (no download)')

@@ -83,8 +83,9 @@ TASK = DomainNetTask(
     name='domainnet', num_classes=len(CLASSES), input_shape=(IMAGE_SIZE, IMAGE_SIZE, 3),
     default_model='alexnet_bn', default_partition='domain',
     defaults=dict(rounds=300, local_epochs=1, client_lr=0.01, momentum=0.9, batch_size=64,
-                  weight_decay=1e-5, beta=0.1, num_clients=len(DOMAINS), eval_every=1,
-                  partition='domain'),
+                  weight_decay=1e-5, num_clients=len(DOMAINS), eval_every=1,
+                  partition='domain',
+                  **{'feddecorr.beta': 0.1}),
     # As FedBN: pixels in [0, 1] (ToTensor only), flip + rotation in [-30, 30] degrees.
     mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), augmentation='flip_rotate',
     description="DomainNet, FedBN's 10 classes x 6 domains (TFDS catalog, filtered)",

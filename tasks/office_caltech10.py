@@ -142,8 +142,9 @@ TASK = OfficeCaltech10Task(
     name='office_caltech10', num_classes=len(CLASSES), input_shape=(IMAGE_SIZE, IMAGE_SIZE, 3),
     default_model='alexnet_bn', default_partition='domain',
     defaults=dict(rounds=300, local_epochs=1, client_lr=0.01, momentum=0.9, batch_size=64,
-                  weight_decay=1e-5, beta=0.1, num_clients=len(DOMAINS), eval_every=1,
-                  partition='domain'),
+                  weight_decay=1e-5, num_clients=len(DOMAINS), eval_every=1,
+                  partition='domain',
+                  **{'feddecorr.beta': 0.1}),
     # As FedBN: pixels scaled to [0, 1] without mean/std normalisation (ToTensor only); training
     # augmentation random horizontal flip + rotation in [-30, 30] degrees.
     mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), augmentation='flip_rotate',

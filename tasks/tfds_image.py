@@ -107,8 +107,9 @@ CIFAR10 = TfdsImageTask(
     name='cifar10', tfds_name='cifar10', num_classes=10, input_shape=(32, 32, 3),
     default_model='mobilenet_v2_cifar', default_partition='dirichlet',
     defaults=dict(rounds=100, local_epochs=10, client_lr=0.01, momentum=0.9, batch_size=64,
-                  weight_decay=1e-5, beta=0.1, alpha=0.05, num_clients=10, eval_every=1,
-                  server_momentum=0.9, projection_dim=_MOON_PROJECTION_DIM),
+                  weight_decay=1e-5, num_clients=10, eval_every=1,
+                  projection_dim=_MOON_PROJECTION_DIM,
+                  **{'feddecorr.beta': 0.1, 'dirichlet.alpha': 0.05, 'fedavgm.server_momentum': 0.9}),
     mean=(125.3 / 255, 123.0 / 255, 113.9 / 255), std=(63.0 / 255, 62.1 / 255, 66.7 / 255),
     augmentation='crop_flip', description='CIFAR-10 (TFDS catalog)')
 
@@ -117,8 +118,9 @@ CIFAR100 = TfdsImageTask(
     default_model='mobilenet_v2_cifar', default_partition='dirichlet',
     # beta 0.05: the coefficient of the reference's CIFAR-100 scripts (0.1 elsewhere).
     defaults=dict(rounds=100, local_epochs=10, client_lr=0.01, momentum=0.9, batch_size=64,
-                  weight_decay=1e-4, beta=0.05, alpha=0.05, num_clients=10, eval_every=1,
-                  server_momentum=0.5, projection_dim=_MOON_PROJECTION_DIM),
+                  weight_decay=1e-4, num_clients=10, eval_every=1,
+                  projection_dim=_MOON_PROJECTION_DIM,
+                  **{'feddecorr.beta': 0.05, 'dirichlet.alpha': 0.05, 'fedavgm.server_momentum': 0.5}),
     mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762),
     # As the paper: crop, flip, then AutoAugment with the CIFAR-10 policy (tasks/autoaugment.py).
     augmentation='crop_flip_autoaugment', description='CIFAR-100 (TFDS catalog)')

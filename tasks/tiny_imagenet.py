@@ -155,8 +155,9 @@ TASK = TinyImagenetTask(
     name='tiny_imagenet', tfds_name='tiny_imagenet', num_classes=NUM_CLASSES,
     input_shape=(64, 64, 3), default_model='mobilenet_v2_cifar', default_partition='dirichlet',
     defaults=dict(rounds=50, local_epochs=10, client_lr=0.01, momentum=0.9, batch_size=64,
-                  weight_decay=1e-4, beta=0.1, alpha=0.05, num_clients=10, eval_every=1,
-                  server_momentum=0.5, partition='dirichlet'),
+                  weight_decay=1e-4, num_clients=10, eval_every=1,
+                  partition='dirichlet',
+                  **{'feddecorr.beta': 0.1, 'dirichlet.alpha': 0.05, 'fedavgm.server_momentum': 0.5}),
     mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), augmentation='autoaugment',
     description='Tiny ImageNet 200 (TFDS builder over the official zip: tasks/tiny_imagenet.py)')
 

@@ -266,11 +266,12 @@ class RegistryTest(tf.test.TestCase):
     z = tf.constant(_inputs(8, 5, 0), tf.float32)
     logits = tf.constant(_inputs(8, 3, 1), tf.float32)
     self.assertEqual(float(regularizers.get('none')(z, logits)), 0.0)
-    r = regularizers.get('feddecorr', beta=0.3, lam=9.0, mu=9.0)
+    r = regularizers.get('feddecorr', beta=0.3)
     self.assertEqual((r.name, r.coefficients), ('feddecorr', {'beta': 0.3}))
     self.assertAllClose(r(z, logits), 0.3 * regularizers.feddecorr_loss(z))
-    r = regularizers.get('feduv', beta=9.0, lam=2.0, mu=0.25)
-    self.assertEqual(r.coefficients, {'feduv_lambda': 2.0, 'feduv_mu': 0.25})
+    self.assertEqual(regularizers.get('feddecorr').coefficients, {'beta': 0.1})
+    r = regularizers.get('feduv', lam=2.0, mu=0.25)
+    self.assertEqual(r.coefficients, {'lam': 2.0, 'mu': 0.25})
     self.assertAllClose(r(z, logits), 2.0 * regularizers.variance_loss(logits) +
                         0.25 * regularizers.uniformity_loss(z))
     r = regularizers.get('decov', beta=0.5)
@@ -280,10 +281,15 @@ class RegistryTest(tf.test.TestCase):
   def test_errors(self):
     with self.assertRaisesRegex(ValueError, r'--regularizer.*none, feddecorr, feduv, decov'):
       regularizers.get('fedecorr')
-    with self.assertRaisesRegex(ValueError, '--beta'):
+    with self.assertRaisesRegex(ValueError, '--feddecorr_beta'):
       regularizers.get('feddecorr', beta=-0.1)
     with self.assertRaisesRegex(ValueError, '--feduv_mu'):
       regularizers.get('feduv', mu=float('nan'))
+    with self.assertRaisesRegex(ValueError, '--feduv_lambda'):
+      regularizers.get('feduv', lam=-1.0)
+    # A setting the regulariser does not have is an error, never silently dropped.
+    with self.assertRaisesRegex(ValueError, 'feddecorr has no setting.*lam.*--feddecorr_beta'):
+      regularizers.get('feddecorr', beta=0.3, lam=9.0)
     with self.assertRaisesRegex(ValueError, 'matrix'):
       regularizers.feddecorr_loss(tf.zeros([2, 3, 4]))
 

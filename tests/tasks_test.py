@@ -45,12 +45,16 @@ class RegistryTest(absltest.TestCase):
   def test_every_task_is_consistent(self):
     import dataclasses  # pylint: disable=g-import-not-at-top
     from tasks import augment  # pylint: disable=g-import-not-at-top
-    from tff_decorr import experiment  # pylint: disable=g-import-not-at-top
+    from tff_decorr import config  # pylint: disable=g-import-not-at-top
     from tff_decorr import models  # pylint: disable=g-import-not-at-top
     self.assertEqual(set(registry.names()), {'digits', 'cifar10', 'cifar100', 'tiny_imagenet',
                                              'office_caltech10', 'domainnet'})
     self.assertEqual(registry.names()[0], 'digits')
-    flag_names = {f.name for f in dataclasses.fields(experiment.Config)} | {'regularizer'}
+    generic = set(config.GENERIC_FIELDS)
+    # Component settings are named '<component>.<field>', the component's own field names.
+    settings = {f'{name}.{f.name}' for kind in config.KINDS
+                for name in config.registry(kind).names()
+                for f in dataclasses.fields(config.registry(kind).hparams_class(name))}
     for name in registry.names():
       task = registry.get(name)
       self.assertEqual(task.name, name)
@@ -60,15 +64,23 @@ class RegistryTest(absltest.TestCase):
       self.assertLen(task.input_shape, 3)
       self.assertLen(task.mean, task.input_shape[-1])
       self.assertLen(task.std, task.input_shape[-1])
-      self.assertEqual(set(task.defaults) - flag_names, set(), name)
+      self.assertEqual(set(task.defaults) - generic - settings, set(), name)
       for key in ('rounds', 'local_epochs', 'client_lr', 'momentum', 'batch_size',
-                  'weight_decay', 'beta', 'num_clients'):
+                  'weight_decay', 'feddecorr.beta', 'num_clients'):
         self.assertIn(key, task.defaults, (name, key))
       if task.domains:
         self.assertEqual((task.default_model, task.default_partition), ('alexnet_bn', 'domain'))
         self.assertEqual(task.defaults['num_clients'], len(task.domains))
       else:
-        self.assertIn('alpha', task.defaults)
+        self.assertIn('dirichlet.alpha', task.defaults)
+
+
+def _setting(config, key):
+  """A generic field ('rounds') or a component setting ('dirichlet.alpha') of a Config."""
+  if '.' in key:
+    component, field = key.split('.')
+    return config.hparams[component][field]
+  return getattr(config, key)
 
 
 class ResolvedSettingsTest(absltest.TestCase):
@@ -95,13 +107,13 @@ class ResolvedSettingsTest(absltest.TestCase):
     temperature; FedAvgM server momentum."""
     common = dict(client_lr=0.01, momentum=0.9, batch_size=64)
     image = dict(common, local_epochs=10, num_clients=10, clients_per_round=10,
-                 partition='dirichlet', alpha=0.05)
-    domain = dict(common, rounds=300, local_epochs=1, weight_decay=1e-5, beta=0.1,
-                  partition='domain')
+                 partition='dirichlet', **{'dirichlet.alpha': 0.05})
+    domain = dict(common, rounds=300, local_epochs=1, weight_decay=1e-5,
+                  partition='domain', **{'feddecorr.beta': 0.1})
     paper = {
-        'cifar10': dict(image, rounds=100, weight_decay=1e-5, beta=0.1),
-        'cifar100': dict(image, rounds=100, weight_decay=1e-4, beta=0.05),
-        'tiny_imagenet': dict(image, rounds=50, weight_decay=1e-4, beta=0.1),
+        'cifar10': dict(image, rounds=100, weight_decay=1e-5, **{'feddecorr.beta': 0.1}),
+        'cifar100': dict(image, rounds=100, weight_decay=1e-4, **{'feddecorr.beta': 0.05}),
+        'tiny_imagenet': dict(image, rounds=50, weight_decay=1e-4, **{'feddecorr.beta': 0.1}),
         'office_caltech10': dict(domain, num_clients=4, clients_per_round=4),
         'domainnet': dict(domain, num_clients=6, clients_per_round=6),
     }
@@ -118,17 +130,18 @@ class ResolvedSettingsTest(absltest.TestCase):
     server_momentum = {'cifar10': 0.9, 'cifar100': 0.5, 'tiny_imagenet': 0.5}
     for name, expected in paper.items():
       config = self._resolve(task=name, algorithm='fedavg')
-      self.assertEqual({k: getattr(config, k) for k in expected}, expected, name)
+      self.assertEqual({k: _setting(config, k) for k in expected}, expected, name)
       task = registry.get(name)
       self.assertEqual(task.augmentation, augmentation[name], name)
       np.testing.assert_allclose(task.mean, normalisation[name][0], rtol=1e-12, err_msg=name)
       np.testing.assert_allclose(task.std, normalisation[name][1], rtol=1e-12, err_msg=name)
-      self.assertEqual(self._resolve(task=name, algorithm='fedprox').mu, 1e-3, name)
+      self.assertEqual(self._resolve(task=name, algorithm='fedprox').hparams['fedprox'],
+                       {'mu': 1e-3}, name)
       moon = self._resolve(task=name, algorithm='moon')
-      self.assertEqual((moon.mu, moon.temperature), (1.0, 0.5), name)
+      self.assertEqual(moon.hparams['moon'], {'mu': 1.0, 'temperature': 0.5}, name)
       if name in server_momentum:
-        self.assertEqual(self._resolve(task=name, algorithm='fedavgm').server_momentum,
-                         server_momentum[name], name)
+        fedavgm = self._resolve(task=name, algorithm='fedavgm').hparams['fedavgm']
+        self.assertEqual(fedavgm['server_momentum'], server_momentum[name], name)
 
   def test_explicit_projection_dim_wins(self):
     self.assertEqual(self._resolve(task='cifar10', algorithm='moon', projection_dim=64)
@@ -248,13 +261,14 @@ class FedUvBatchesTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
+    from tff_decorr import config as config_lib  # pylint: disable=g-import-not-at-top
     from tff_decorr import experiment  # pylint: disable=g-import-not-at-top
     cache = tempfile.mkdtemp()
     cls.exps = {}
     for reg in ('feduv', 'feddecorr'):
-      config = experiment.Config(task='digits', regularizer=reg, num_clients=10, alpha=0.5,
-                                 seed=0, batch_size=cls.BATCH, local_epochs=2, cache_dir=cache,
-                                 runtime='tf')
+      config = config_lib.make(task='digits', regularizer=reg, num_clients=10, dirichlet_alpha=0.5,
+                               seed=0, batch_size=cls.BATCH, local_epochs=2, cache_dir=cache,
+                               runtime='tf')
       cls.exps[reg] = experiment.Experiment(config, log=lambda s: None)
       cls.exps[reg].prepare_client_data()
     cls.sizes = [len(p) for p in cls.exps['feduv'].partition]

@@ -186,7 +186,9 @@ class TrainTest(absltest.TestCase):
   def test_bad_flags_exit_2_with_one_line(self):
     cases = {
         '--task=nope': '--task',
-        '--alpha=0': '--alpha',
+        '--dirichlet_alpha=0': '--dirichlet_alpha',
+        '--alpha=0': '--dirichlet_alpha',  # The old spelling, an alias for one release.
+        '--moon_mu=2': '--moon_mu',  # A setting of an algorithm the run does not use.
         '--num_clients=5000': '--num_clients',
         '--algorithm=fedsgd': '--algorithm',
         '--regularizer=l2': '--regularizer',

@@ -118,3 +118,69 @@ def _os_error_from_tf(e: Exception):
       path = message.split(';')[0].strip() if ';' in message else None
       return OSError(code, words, path)
   return None
+
+
+def define_component_flags(fv) -> None:
+  """One flag per setting of every registered algorithm, regulariser and partition,
+  `--<component>_<setting>` (tff_decorr.hparams), plus the old spellings as deprecated aliases."""
+  from tff_decorr import config  # pylint: disable=g-import-not-at-top
+  from tff_decorr import hparams  # pylint: disable=g-import-not-at-top
+  for kind in config.KINDS:
+    registry = config.registry(kind)
+    for name in registry.names():
+      for spec in hparams.flag_specs(registry.hparams_class(name)):
+        text = f'{spec.help} [{kind} {name}; default {spec.default}]'
+        if spec.choices:
+          flags.DEFINE_enum(spec.name, None, list(spec.choices), text, flag_values=fv)
+        elif spec.kind is bool:
+          flags.DEFINE_bool(spec.name, None, text, flag_values=fv)
+        elif spec.kind is int:
+          flags.DEFINE_integer(spec.name, None, text, flag_values=fv)
+        elif spec.kind is float:
+          flags.DEFINE_float(spec.name, None, text, flag_values=fv)
+        else:
+          flags.DEFINE_string(spec.name, None, text, flag_values=fv)
+  for old, targets in config.LEGACY_ALIASES.items():
+    new = ' / '.join('--' + t.replace('.', '_') for t in targets)
+    flags.DEFINE_string(old, None, f'Deprecated, use {new}.', flag_values=fv)
+
+
+def resolve_configs(fv) -> list:
+  """Configs from parsed flags (bin/train): flags > task defaults > component defaults. One
+  Config per regulariser; output directories resolved (default: runs/<...>-<hash>)."""
+  import sys  # pylint: disable=g-import-not-at-top
+  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr import config  # pylint: disable=g-import-not-at-top
+  from tff_decorr import hparams  # pylint: disable=g-import-not-at-top
+  task = task_registry.get(fv.task)
+  generic = {name: fv[name].value for name in config.GENERIC_FIELDS if name in fv}
+  for name in ('data_dir', 'cache_dir'):
+    generic[name] = user_path(generic.get(name) or '')
+  generic.pop('output_dir', None)
+  components = {}
+  for kind in config.KINDS:
+    registry = config.registry(kind)
+    for name in registry.names():
+      for spec in hparams.flag_specs(registry.hparams_class(name)):
+        components.setdefault(name, {})[spec.field] = fv[spec.name].value
+  legacy = {}
+  for old in config.LEGACY_ALIASES:
+    value = fv[old].value
+    if value is not None:
+      try:
+        legacy[old] = float(value) if '.' in value or 'e' in value.lower() else int(value)
+      except ValueError:
+        raise ValueError(f'--{old}: must be a number, got {value!r}.') from None
+  regs = fv.regularizer or task.defaults.get('regularizer', 'feddecorr')
+  reg_list = [r.strip() for r in str(regs).split(',') if r.strip()]
+  configs = config.resolve(task, generic, components, legacy, reg_list,
+                           warn=lambda s: print(s, file=sys.stderr, flush=True))
+  for c in configs:
+    if fv.output_dir:
+      out = user_path(fv.output_dir)
+      c.output_dir = os.path.join(out, c.regularizer) if len(configs) > 1 else out
+    else:
+      c.output_dir = user_path(os.path.join(
+          'runs', f'{c.task}-{c.algorithm}-{c.regularizer}-'
+          f'{config.directory_hash(c, task, legacy)}'))
+  return configs

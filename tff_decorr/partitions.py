@@ -5,10 +5,13 @@ IID and domain. Each returns a list of int64 index arrays, one per client.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
-from typing import List, Optional, Sequence
+from typing import Any, Callable, ClassVar, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from tff_decorr import hparams
 
 
 @contextlib.contextmanager
@@ -178,3 +181,85 @@ def class_count_matrix(labels: Sequence[int], parts: Sequence[np.ndarray],
   """[num_clients, num_classes] example counts."""
   labels = np.asarray(labels)
   return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts]).astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry: each partition declares its settings once (tff_decorr.hparams) and how it splits.
+
+
+@dataclasses.dataclass(frozen=True)
+class DirichletHParams(hparams.HParams):
+  component: ClassVar[str] = 'dirichlet'
+  alpha: float = hparams.field(0.5, 'Dirichlet concentration (smaller: more heterogeneous; inf: '
+                               'IID; the papers: 0.05).', minimum=0.0, min_exclusive=True,
+                               allow_inf=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class PathologicalHParams(hparams.HParams):
+  component: ClassVar[str] = 'pathological'
+  classes_per_client: int = hparams.field(2, 'classes per client ("#label k").', minimum=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+  """What a partition may split on: labels, domain ids (None when the task has no domains)."""
+  labels: np.ndarray
+  domains: Optional[np.ndarray]
+  num_classes: int
+  task: str
+
+
+def _domain(data: Data, num_clients: int, seed: int, hp) -> List[np.ndarray]:
+  del seed, hp
+  if data.domains is None:
+    raise ValueError(f'--partition=domain: task {data.task} has no domains; use dirichlet, '
+                     'pathological or iid, or a domain task (office_caltech10, domainnet).')
+  parts = domain_partition(data.domains)
+  if len(parts) != num_clients:
+    raise ValueError(f'--num_clients: the domain partition of {data.task} has {len(parts)} '
+                     f'clients (one per domain); pass --num_clients={len(parts)}.')
+  return parts
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  name: str
+  HParams: type  # pylint: disable=invalid-name
+  split: Callable[[Data, int, int, Any], List[np.ndarray]]  # (data, num_clients, seed, hp)
+
+
+_REGISTRY = hparams.Registry('partition')
+
+
+def register(name: str, hparams_cls: type,
+             split: Callable[[Data, int, int, Any], List[np.ndarray]]) -> None:
+  """Adds partition `name`: split(data, num_clients, seed, hp) -> one index array per client."""
+  _REGISTRY.add(name, Spec(name, hparams_cls, split))
+
+
+register('dirichlet', DirichletHParams,
+         lambda d, n, seed, hp: dirichlet_partition(d.labels, n, hp.alpha, seed=seed,
+                                                    num_classes=d.num_classes))
+register('pathological', PathologicalHParams,
+         lambda d, n, seed, hp: pathological_partition(d.labels, n, hp.classes_per_client,
+                                                       seed=seed))
+register('iid', hparams.NoHParams, lambda d, n, seed, hp: iid_partition(len(d.labels), n, seed))
+register('domain', hparams.NoHParams, _domain)
+
+
+def names() -> Tuple[str, ...]:
+  return _REGISTRY.names()
+
+
+def hparams_class(name: str) -> type:
+  return _REGISTRY.get(name).HParams
+
+
+def split(name: str, data: Data, num_clients: int, seed: int, hp=None) -> List[np.ndarray]:
+  """The clients' index arrays of partition `name` with settings `hp` (its HParams)."""
+  spec = _REGISTRY.get(name)
+  if len(data.labels) < num_clients:
+    raise ValueError(f'--num_clients: {num_clients} clients but the train split has only '
+                     f'{len(data.labels)} examples; use fewer clients.')
+  return spec.split(data, num_clients, seed, spec.HParams() if hp is None else hp)

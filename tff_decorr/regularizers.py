@@ -8,15 +8,19 @@ data-dependent shape, so every function also compiles under `tf.function(jit_com
 Gradients are finite for N == 1 and for constant columns.
 
 The training loop never branches on a regulariser's name: it calls `get(name, ...)` once and then
-`regularizer(representation, logits)`, which already includes the coefficient(s).
+`regularizer(representation, logits)`, which already includes the coefficient(s). Each regulariser
+declares its hyper-parameters once (a frozen dataclass, tff_decorr.hparams) and is added with one
+`register(...)` line (docs/DESIGN.md, "Adding a regulariser").
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, Tuple
+from typing import Any, Callable, ClassVar, Dict, Tuple
 
 import tensorflow as tf
+
+from tff_decorr import hparams
 
 # The FedDecorr reference adds this inside the square root of the variance (docs/reference.md §1).
 FEDDECORR_EPS = 1e-8
@@ -242,8 +246,8 @@ def decov_loss(z: tf.Tensor) -> tf.Tensor:
 @dataclasses.dataclass(frozen=True)
 class Regularizer:
   """A regulariser ready for the client loss: `reg(representation, logits)` returns a float32
-  scalar already multiplied by its coefficient(s). `coefficients` maps the flag name (without
-  dashes) to its value, e.g. {'beta': 0.1}; it is empty for 'none'."""
+  scalar already multiplied by its coefficient(s). `coefficients` holds its hyper-parameters by
+  field name, e.g. {'beta': 0.1}; it is empty for 'none'."""
   name: str
   coefficients: Dict[str, float]
   fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
@@ -252,54 +256,83 @@ class Regularizer:
     return tf.cast(self.fn(representation, logits), tf.float32)
 
 
-def _none(beta, lam, mu):
-  del beta, lam, mu
-  return {}, lambda representation, logits: tf.constant(0.0, tf.float32)
+@dataclasses.dataclass(frozen=True)
+class FedDecorrHParams(hparams.HParams):
+  component: ClassVar[str] = 'feddecorr'
+  beta: float = hparams.field(0.1, 'FedDecorr coefficient: loss += beta * decorrelation loss '
+                              '(the reference: 0.1; 0.05 on CIFAR-100).', minimum=0.0)
 
 
-def _feddecorr(beta, lam, mu):
-  del lam, mu
-  return {'beta': beta}, lambda representation, logits: beta * feddecorr_loss(representation)
+@dataclasses.dataclass(frozen=True)
+class FedUVHParams(hparams.HParams):
+  component: ClassVar[str] = 'feduv'
+  lam: float = hparams.field(2.5, "FedUV variance-loss coefficient (FedUV's code: 2.5).",
+                             minimum=0.0, flag='lambda')
+  mu: float = hparams.field(0.5, "FedUV uniformity-loss coefficient (FedUV's code: 0.5).",
+                            minimum=0.0)
 
 
-def _feduv(beta, lam, mu):
-  del beta
-
-  def fn(representation, logits):
-    return lam * variance_loss(logits) + mu * uniformity_loss(representation)
-
-  return {'feduv_lambda': lam, 'feduv_mu': mu}, fn
+@dataclasses.dataclass(frozen=True)
+class DeCovHParams(hparams.HParams):
+  component: ClassVar[str] = 'decov'
+  beta: float = hparams.field(0.1, 'DeCov coefficient: loss += beta * DeCov loss.', minimum=0.0)
 
 
-def _decov(beta, lam, mu):
-  del lam, mu
-  return {'beta': beta}, lambda representation, logits: beta * decov_loss(representation)
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """A registered regulariser: its hyper-parameters and how to build its loss from them."""
+  name: str
+  HParams: type  # pylint: disable=invalid-name
+  make: Callable[[Any], Callable[[tf.Tensor, tf.Tensor], tf.Tensor]]
+  drop_last: bool = False  # Clients train on full batches only (the method's own code does).
 
 
-_REGISTRY = {
-    'none': _none,
-    'feddecorr': _feddecorr,
-    'feduv': _feduv,
-    'decov': _decov,
-}
+_REGISTRY = hparams.Registry('regularizer')
+
+
+def register(name: str, hparams_cls: type,
+             make: Callable[[Any], Callable[[tf.Tensor, tf.Tensor], tf.Tensor]],
+             drop_last: bool = False) -> None:
+  """Adds regulariser `name`: `make(hp)` returns fn(representation, logits) -> scalar, already
+  multiplied by its coefficient(s). Its flags, `--regularizer` choice and `get` then work."""
+  _REGISTRY.add(name, Spec(name, hparams_cls, make, drop_last))
+
+
+register('none', hparams.NoHParams,
+         lambda hp: lambda representation, logits: tf.constant(0.0, tf.float32))
+register('feddecorr', FedDecorrHParams,
+         lambda hp: lambda representation, logits: hp.beta * feddecorr_loss(representation))
+# FedUV's official code drops each epoch's last incomplete batch (drop_last=True).
+register('feduv', FedUVHParams,
+         lambda hp: lambda representation, logits: (hp.lam * variance_loss(logits) +
+                                                    hp.mu * uniformity_loss(representation)),
+         drop_last=True)
+register('decov', DeCovHParams,
+         lambda hp: lambda representation, logits: hp.beta * decov_loss(representation))
 
 
 def names() -> Tuple[str, ...]:
-  return tuple(_REGISTRY)
+  return _REGISTRY.names()
 
 
-def get(name: str, beta: float = 0.1, lam: float = 2.5, mu: float = 0.5) -> Regularizer:
-  """The regulariser `name` with its coefficients.
+def hparams_class(name: str) -> type:
+  return _REGISTRY.get(name).HParams
 
-  beta: FedDecorr coefficient (also used for DeCov); lam / mu: FedUV's variance (lambda) and
-  uniformity (mu) coefficients, defaults those of FedUV's code. Coefficients a regulariser does not
-  use are ignored, so callers can always pass all of them.
-  """
-  if name not in _REGISTRY:
-    raise ValueError(f'--regularizer: unknown regularizer {name!r}; choose one of '
-                     f'{", ".join(names())}.')
-  for flag, value in (('beta', beta), ('feduv_lambda', lam), ('feduv_mu', mu)):
-    if not value >= 0:  # Also rejects NaN.
-      raise ValueError(f'--{flag}: must be >= 0, got {value}.')
-  coefficients, fn = _REGISTRY[name](float(beta), float(lam), float(mu))
-  return Regularizer(name=name, coefficients=coefficients, fn=fn)
+
+def drops_last_batch(name: str) -> bool:
+  """Whether clients of regulariser `name` train on full batches only."""
+  return _REGISTRY.get(name).drop_last
+
+
+def get(name: str, hparams=None, **values) -> Regularizer:  # pylint: disable=redefined-outer-name
+  """The regulariser `name` with its hyper-parameters: an instance of its HParams, or its fields
+  as keywords (`get('feddecorr', beta=0.05)`); an unknown keyword is an error, never ignored."""
+  spec = _REGISTRY.get(name)
+  if values:
+    if hparams is not None:
+      raise ValueError('get: give hparams or keyword hyper-parameters, not both.')
+    hparams = spec.HParams.from_mapping(values)
+  hparams = spec.HParams() if hparams is None else hparams
+  if not isinstance(hparams, spec.HParams):
+    raise ValueError(f'hparams of regularizer {name} must be a {spec.HParams.__name__}.')
+  return Regularizer(name=name, coefficients=hparams.to_dict(), fn=spec.make(hparams))

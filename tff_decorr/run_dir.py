@@ -66,7 +66,7 @@ def _json_default(value):
 
 
 def prepare(output_dir: str, config: Mapping[str, Any], overwrite: bool = False,
-            log=print) -> bool:
+            log=print, migrate=None) -> bool:
   """Makes `output_dir` ready for a run with `config`, without writing config.json yet.
 
   Takes the directory's lock first (a second process is refused, naming the holder's PID), then
@@ -74,7 +74,7 @@ def prepare(output_dir: str, config: Mapping[str, Any], overwrite: bool = False,
   resumes it). A run with a different configuration is refused unless `overwrite`, which moves it
   aside (`<dir>.replaced-<time>-<pid>[-n]`, never deleted, never nested). Call `write_config` once
   every other check has passed, so a start that fails leaves nothing that refuses the corrected
-  command.
+  command. `migrate` translates a config.json written by an older version before comparing.
   """
   if not output_dir:
     raise RunDirError('--output_dir is empty: give a directory for the run outputs.')
@@ -93,7 +93,8 @@ def prepare(output_dir: str, config: Mapping[str, Any], overwrite: bool = False,
     try:
       with open(path) as f:
         old = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
+      old = migrate(old) if migrate else old
+    except (OSError, json.JSONDecodeError, ValueError) as e:
       raise RunDirError(f'--output_dir={output_dir} has an unreadable config.json ({e}); '
                         'use another --output_dir, or pass --overwrite to move it aside.') from e
   if old is not None and not differences(old, config):

@@ -1,11 +1,15 @@
 """Federated algorithms written once as TF functions (see docs/algorithms.md).
 
-`build(name, model_fn, config=ClientConfig(...), regularizer=None, **hparams)` returns an
-`base.Algorithm`; the runtimes (tff_decorr.runtimes) execute it.
+`build(name, model_fn, config=ClientConfig(...), regularizer=None, hparams=None)` returns a
+`base.Algorithm`; the runtimes (tff_decorr.runtimes) execute it. Each algorithm declares its
+hyper-parameters once, as `<Algorithm>.HParams` (a frozen dataclass, tff_decorr.hparams); a new
+algorithm is one module plus one `register(...)` line here (docs/DESIGN.md, "Adding an
+algorithm").
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Optional
 
 from tff_decorr.algorithms import base
@@ -19,36 +23,54 @@ from tff_decorr.algorithms import moon
 from tff_decorr.algorithms import scaffold
 from tff_decorr.algorithms.client_update import ClientConfig
 
-_REGISTRY = {
-    'fedavg': fedavg.FedAvg,
-    'fedprox': fedprox.FedProx,
-    'fedavgm': fedavgm.FedAvgM,
-    'fedbn': fedbn.FedBN,
-    'moon': moon.Moon,
-    'scaffold': scaffold.Scaffold,
-    'fednova': fednova.FedNova,
-    'fedavg_decomposed': fedavg_decomposed.FedAvgDecomposed,
-}
-NAMES = tuple(_REGISTRY)
+_REGISTRY = {}
+
+
+def register(cls: type) -> type:
+  """Adds an algorithm (a base.Algorithm subclass with a unique `name` and its `HParams`) to the
+  registry: its flags, `--algorithm` choice and `build` then work without further edits."""
+  if not (isinstance(cls, type) and issubclass(cls, base.Algorithm)) or not cls.name:
+    raise ValueError(f'register: {cls!r} is not a named tff_decorr Algorithm subclass.')
+  if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+    raise ValueError(f'register: an algorithm named {cls.name!r} exists already.')
+  hp = cls.HParams
+  if dataclasses.fields(hp) and hp.component != cls.name:
+    raise ValueError(f'register: {hp.__name__}.component must be {cls.name!r} (its flag prefix).')
+  _REGISTRY[cls.name] = cls
+  return cls
 
 
 def names() -> tuple:
-  return NAMES
+  return tuple(_REGISTRY)
 
 
 def algorithm_class(name: str) -> type:
-  """The class of algorithm `name` (its __init__ signature names the hyper-parameters it takes)."""
   if name not in _REGISTRY:
-    raise ValueError(f'--algorithm={name!r} is unknown; choose one of {", ".join(NAMES)}.')
+    raise ValueError(f'--algorithm={name!r} is unknown; choose one of {", ".join(names())}.')
   return _REGISTRY[name]
 
 
+def hparams_class(name: str) -> type:
+  """The frozen dataclass of algorithm `name`'s hyper-parameters (tff_decorr.hparams)."""
+  return algorithm_class(name).HParams
+
+
 def build(name: str, model_fn: Callable, config: ClientConfig = ClientConfig(),
-          regularizer: Optional[Callable] = None, **hparams) -> base.Algorithm:
-  """Builds algorithm `name`. hparams: fedprox mu; fedavgm server_momentum, form, server_lr;
-  moon mu, temperature; scaffold num_clients, server_lr; fedavg_decomposed coefficient_period."""
+          regularizer: Optional[Callable] = None, hparams=None, *,
+          num_clients: Optional[int] = None, **values) -> base.Algorithm:
+  """Builds algorithm `name` with `hparams` (its HParams), or with its fields as keywords
+  (`build('fedprox', ..., mu=0.01)`; an unknown keyword is an error). `num_clients` (the total
+  number of clients N) is required by SCAFFOLD and ignored by the others."""
   cls = algorithm_class(name)
-  try:
-    return cls(model_fn, config, regularizer, **hparams)
-  except TypeError as e:
-    raise ValueError(f'Bad hyper-parameters for --algorithm={name}: {e}') from e
+  if values:
+    if hparams is not None:
+      raise ValueError('build: give hparams or keyword hyper-parameters, not both.')
+    hparams = cls.HParams.from_mapping(values)
+  kwargs = {'num_clients': num_clients} if num_clients is not None or name == 'scaffold' else {}
+  return cls(model_fn, config, regularizer, hparams, **kwargs)
+
+
+for _cls in (fedavg.FedAvg, fedprox.FedProx, fedavgm.FedAvgM, fedbn.FedBN, moon.Moon,
+             scaffold.Scaffold, fednova.FedNova, fedavg_decomposed.FedAvgDecomposed):
+  register(_cls)
+NAMES = names()  # The built-in algorithms (registered ones added later appear in names()).

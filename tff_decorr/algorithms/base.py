@@ -19,6 +19,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tff_decorr import hparams as hparams_lib
 from tff_decorr.algorithms import client_update
 from tff_decorr.algorithms.client_update import ClientConfig, ModelSpec, Workspace
 
@@ -41,18 +42,31 @@ class Algorithm:
 
   name = 'base'
   num_models = 1  # Keras models in the client workspace (MOON needs 3).
+  projection_head = False  # Whether a task's --projection_dim default applies (MOON: yes).
+  requires_decomposed = False  # Whether the model must be filter-decomposed (--decomposed).
+  # The algorithm's own hyper-parameters (a frozen dataclass, tff_decorr.hparams): declared once,
+  # validated there, turned into --<name>_<field> flags by bin/train.
+  HParams = hparams_lib.NoHParams
 
   def __init__(self, model_fn: Callable[[], tf.keras.Model], config: ClientConfig = ClientConfig(),
-               regularizer: Optional[client_update.Regularizer] = None):
+               regularizer: Optional[client_update.Regularizer] = None,
+               hparams: Optional[hparams_lib.HParams] = None, *,
+               num_clients: Optional[int] = None):
     if not callable(model_fn):
       raise ValueError('model_fn must be a callable returning a Keras model with dict outputs.')
     if not isinstance(config, ClientConfig):
       raise ValueError(f'config must be a ClientConfig, got {type(config).__name__}.')
     if regularizer is not None and not callable(regularizer):
       raise ValueError('regularizer must be None or a callable (representation, logits) -> scalar.')
+    hparams = self.HParams() if hparams is None else hparams
+    if not isinstance(hparams, self.HParams):
+      raise ValueError(f'hparams of {self.name} must be a {self.HParams.__name__}, got '
+                       f'{type(hparams).__name__}.')
     self.model_fn = model_fn
     self.config = config
     self.regularizer = regularizer
+    self.hparams = hparams
+    self.num_clients = num_clients  # Total clients N; only SCAFFOLD needs it.
     model = model_fn()
     self.spec: ModelSpec = client_update.model_spec(model)
     self._initial_weights = [v.numpy() for v in model.weights]

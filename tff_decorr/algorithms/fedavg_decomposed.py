@@ -15,23 +15,34 @@ reported per round in the `bytes_up` metric (coefficients counted only when sent
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import numpy as np
 import tensorflow as tf
 
+from tff_decorr import hparams
 from tff_decorr.algorithms import base, fedavg
 
 COEFFICIENTS = 'coefficients'
 
 
+@dataclasses.dataclass(frozen=True)
+class FedAvgDecomposedHParams(hparams.HParams):
+  component: ClassVar[str] = 'fedavg_decomposed'
+  coefficient_period: int = hparams.field(
+      1, 'aggregate the atom coefficients every K rounds (atoms every round); 0 keeps them local '
+      '(personalisation); 1 is FedAvg.', minimum=0)
+
+
 class FedAvgDecomposed(fedavg.FedAvg):
   name = 'fedavg_decomposed'
+  HParams = FedAvgDecomposedHParams
+  requires_decomposed = True  # Needs a filter-decomposed model (--decomposed).
 
-  def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None,
-               coefficient_period: int = 1):
-    if not isinstance(coefficient_period, (int, np.integer)) or coefficient_period < 0:
-      raise ValueError(f'coefficient_period must be an integer >= 0 (0: keep coefficients local), '
-                       f'got {coefficient_period!r}.')
-    super().__init__(model_fn, config, regularizer)
+  def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None, hparams=None, **kw):
+    super().__init__(model_fn, config, regularizer, hparams, **kw)
+    coefficient_period = self.hparams.coefficient_period
     self.coef_mask = tuple(COEFFICIENTS in n for n in self.spec.names)
     if not any(self.coef_mask):
       raise ValueError("fedavg_decomposed needs a decomposed model (variables named "

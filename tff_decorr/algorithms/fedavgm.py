@@ -18,34 +18,54 @@ Their momentum entries are kept (always zero) so the state's structure is unchan
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import numpy as np
 import tensorflow as tf
 
+from tff_decorr import hparams
 from tff_decorr.algorithms import base, fedavg
 
 FORMS = ('reference', 'tff')
-_ALIASES = {'sgdm': 'tff'}
+
+
+@dataclasses.dataclass(frozen=True)
+class FedAvgMHParams(hparams.HParams):
+  component: ClassVar[str] = 'fedavgm'
+  server_momentum: float = hparams.field(
+      0.9, 'server momentum b (the reference scripts: 0.9 on CIFAR-10, 0.5 on CIFAR-100 and '
+      'TinyImageNet).', minimum=0.0, maximum=1.0, max_exclusive=True)
+  form: str = hparams.field('reference', "reference: m = b m + (1-b) delta, w += m (the FedDecorr "
+                            "reference); tff: m = b m + delta, w += server_lr m (TFF's sgdm).",
+                            choices=('reference', 'tff', 'sgdm'))
+  server_lr: float = hparams.field(1.0, "server learning rate (form 'tff' only).", minimum=0.0,
+                                   min_exclusive=True)
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.form == 'sgdm':  # An alias: TFF names its server optimizer sgdm.
+      object.__setattr__(self, 'form', 'tff')
+    if self.form == 'reference' and self.server_lr != 1.0:
+      raise ValueError("--fedavgm_server_lr applies only to --fedavgm_form=tff; the reference "
+                       "form has none (drop it or use --fedavgm_form=tff).")
 
 
 class FedAvgM(fedavg.FedAvg):
   name = 'fedavgm'
+  HParams = FedAvgMHParams
 
-  def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None,
-               server_momentum: float = 0.9, form: str = 'reference', server_lr: float = 1.0):
-    form = _ALIASES.get(form, form)
-    if form not in FORMS:
-      raise ValueError(f'form must be one of {FORMS}, got {form!r}.')
-    if not 0 <= server_momentum < 1:
-      raise ValueError(f'server_momentum must be in [0, 1), got {server_momentum!r}.')
-    if not server_lr > 0:
-      raise ValueError(f'server_lr must be > 0, got {server_lr!r}.')
-    if form == 'reference' and server_lr != 1.0:
-      raise ValueError("server_lr applies only to the fedavgm form 'tff'; the reference form has "
-                       "none (use server_lr=1 or --fedavgm_form=tff).")
-    super().__init__(model_fn, config, regularizer)
-    self.server_momentum = float(server_momentum)
-    self.form = form
-    self.server_lr = float(server_lr)
+  @property
+  def server_momentum(self) -> float:
+    return self.hparams.server_momentum
+
+  @property
+  def form(self) -> str:
+    return self.hparams.form
+
+  @property
+  def server_lr(self) -> float:
+    return self.hparams.server_lr
 
   def initial_server_state(self, weights):
     return {'weights': [np.asarray(w) for w in weights],

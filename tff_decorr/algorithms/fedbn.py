@@ -20,8 +20,8 @@ from tff_decorr.algorithms import base, fedavg
 class FedBN(fedavg.FedAvg):
   name = 'fedbn'
 
-  def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None):
-    super().__init__(model_fn, config, regularizer)
+  def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None, hparams=None, **kw):
+    super().__init__(model_fn, config, regularizer, hparams, **kw)
     if not any(self.spec.batchnorm):
       raise ValueError('FedBN needs a model with BatchNormalization layers; this model has none '
                        '(use --algorithm=fedavg).')

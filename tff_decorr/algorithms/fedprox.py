@@ -10,17 +10,27 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+import dataclasses
+from typing import ClassVar
+
+from tff_decorr import hparams
 from tff_decorr.algorithms import base, fedavg
+
+
+@dataclasses.dataclass(frozen=True)
+class FedProxHParams(hparams.HParams):
+  component: ClassVar[str] = 'fedprox'
+  mu: float = hparams.field(1e-3, 'proximal coefficient: local loss += (mu/2) |w - w_global|^2 '
+                            '(the papers: 1e-3).', minimum=0.0)
 
 
 class FedProx(fedavg.FedAvg):
   name = 'fedprox'
+  HParams = FedProxHParams
 
-  def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None, mu: float = 1e-3):
-    if mu < 0:
-      raise ValueError(f'mu (FedProx proximal coefficient) must be >= 0, got {mu!r}.')
-    super().__init__(model_fn, config, regularizer)
-    self.mu = float(mu)
+  @property
+  def mu(self) -> float:
+    return self.hparams.mu
 
   def _client_step(self, ws, broadcast, dataset, client_state):
     global_trainable = [tf.convert_to_tensor(w) for w, t in

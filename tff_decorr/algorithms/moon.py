@@ -11,26 +11,39 @@ Server: as FedAvg.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import numpy as np
 import tensorflow as tf
 
+from tff_decorr import hparams
 from tff_decorr.algorithms import base, fedavg
 from tff_decorr.algorithms.client_update import Workspace
+
+
+@dataclasses.dataclass(frozen=True)
+class MoonHParams(hparams.HParams):
+  component: ClassVar[str] = 'moon'
+  mu: float = hparams.field(1.0, 'weight of the model-contrastive loss (the papers: 1.0).',
+                            minimum=0.0)
+  temperature: float = hparams.field(0.5, 'temperature of the contrastive softmax.', minimum=0.0,
+                                     min_exclusive=True)
 
 
 class Moon(fedavg.FedAvg):
   name = 'moon'
   num_models = 3  # local (trained), global, previous local
+  projection_head = True  # A task's projection-head width (--projection_dim) applies to MOON.
+  HParams = MoonHParams
 
-  def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None, mu: float = 1.0,
-               temperature: float = 0.5):
-    if mu < 0:
-      raise ValueError(f'mu (MOON contrastive coefficient) must be >= 0, got {mu!r}.')
-    if not temperature > 0:
-      raise ValueError(f'temperature must be > 0, got {temperature!r}.')
-    super().__init__(model_fn, config, regularizer)
-    self.mu = float(mu)
-    self.temperature = float(temperature)
+  @property
+  def mu(self) -> float:
+    return self.hparams.mu
+
+  @property
+  def temperature(self) -> float:
+    return self.hparams.temperature
 
   def initial_client_state(self, weights):
     return {'previous': [np.asarray(w) for w in weights]}

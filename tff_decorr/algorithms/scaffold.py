@@ -23,26 +23,38 @@ A client with no data (K = 0) keeps c_i and uploads zeros.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import numpy as np
 import tensorflow as tf
 
+from tff_decorr import hparams
 from tff_decorr.algorithms import base
 from tff_decorr.algorithms import client_update
 
 
+@dataclasses.dataclass(frozen=True)
+class ScaffoldHParams(hparams.HParams):
+  component: ClassVar[str] = 'scaffold'
+  server_lr: float = hparams.field(1.0, 'server learning rate on the averaged update (the paper: '
+                                   '1).', minimum=0.0, min_exclusive=True)
+
+
 class Scaffold(base.Algorithm):
   name = 'scaffold'
+  HParams = ScaffoldHParams
 
-  def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None, *,
-               num_clients: int, server_lr: float = 1.0):
+  def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None, hparams=None, *,
+               num_clients: int):
     if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
       raise ValueError(f'num_clients (total clients N, for c += |S|/N avg dc) must be an integer '
                        f'>= 1, got {num_clients!r}.')
-    if not server_lr > 0:
-      raise ValueError(f'server_lr must be > 0, got {server_lr!r}.')
-    super().__init__(model_fn, config, regularizer)
-    self.num_clients = int(num_clients)
-    self.server_lr = float(server_lr)
+    super().__init__(model_fn, config, regularizer, hparams, num_clients=int(num_clients))
+
+  @property
+  def server_lr(self) -> float:
+    return self.hparams.server_lr
 
   def _zeros_trainable(self, weights):
     return [np.zeros_like(np.asarray(w)) for w, t in zip(weights, self.spec.trainable) if t]

@@ -1,0 +1,89 @@
+"""Configuration resolution: component flags, old spellings, old config.json files and default
+run-directory names stay what they were before component settings existed."""
+
+from absl.testing import absltest
+from absl.testing import flagsaver
+
+from bin import train
+from tff_decorr import config
+
+# Default run-directory names printed by bin/train at commit 7dc4b1f (before component settings)
+# for these commands: an old command must find its old run.
+GOLDEN = [
+    ({}, ['digits-fedavg-none-c912a466', 'digits-fedavg-feddecorr-39976aa0']),
+    (dict(task='cifar10', algorithm='moon', regularizer='feddecorr'),
+     ['cifar10-moon-feddecorr-a8536435']),
+    (dict(task='digits', algorithm='fedavgm', alpha='0.1', fedavgm_form='tff', server_lr='0.5',
+          regularizer='none'), ['digits-fedavgm-none-8bb3ed3b']),
+    (dict(task='cifar100', algorithm='fedprox', mu='0.01', regularizer='feduv', feduv_mu=0.3),
+     ['cifar100-fedprox-feduv-a1775d8c']),
+    (dict(task='digits', algorithm='scaffold', partition='pathological', classes_per_client='3',
+          regularizer='decov', beta='0.2'), ['digits-scaffold-decov-b770eed5']),
+    (dict(task='digits', algorithm='fedavg_decomposed', decomposed=True, coefficient_period='0',
+          regularizer='feddecorr'), ['digits-fedavg_decomposed-feddecorr-8d1eda28']),
+    # The new spellings of the same settings name the same run.
+    (dict(task='digits', algorithm='fedavgm', dirichlet_alpha=0.1, fedavgm_form='tff',
+          fedavgm_server_lr=0.5, regularizer='none'), ['digits-fedavgm-none-8bb3ed3b']),
+]
+
+# A config.json written at commit 7dc4b1f (flat: every setting at top level).
+OLD_CONFIG = {
+    'algorithm': 'fedavg', 'alpha': 0.5, 'batch_size': 32, 'beta': 0.1, 'cache_dir': '/c',
+    'classes_per_client': 2, 'client_lr': 0.01, 'clients_per_round': 4, 'coefficient_period': 1,
+    'data_dir': '', 'decomposed': False, 'eval_every': 1, 'export_every': 0,
+    'fedavgm_form': 'reference', 'feduv_lambda': 2.5, 'feduv_mu': 0.5, 'local_epochs': 1,
+    'max_concurrent_computation_calls': -1, 'model': 'small_cnn', 'momentum': 0.9, 'mu': 0.001,
+    'num_atoms': 0, 'num_clients': 4, 'output_dir': '/o', 'partition': 'dirichlet',
+    'projection_dim': 0, 'regularizer': 'feddecorr', 'rounds': 2, 'runtime': 'tf', 'seed': 0,
+    'server_lr': 1.0, 'server_momentum': 0.9, 'task': 'digits', 'temperature': 0.5,
+    'track_collapse': False, 'weight_decay': 1e-05, 'workers': ''}
+
+
+def resolve(**flag_values):
+  with flagsaver.flagsaver(**flag_values):
+    return train.resolve_configs(train.FLAGS)
+
+
+class ConfigTest(absltest.TestCase):
+
+  def test_default_run_directories_keep_their_names(self):
+    for flag_values, names in GOLDEN:
+      got = [c.output_dir.split('/runs/')[1] for c in resolve(**flag_values)]
+      self.assertEqual(got, names, flag_values)
+
+  def test_old_config_json_migrates_to_the_command_that_wrote_it(self):
+    (new,) = resolve(task='digits', num_clients=4, rounds=2, local_epochs=1, runtime='tf',
+                     regularizer='feddecorr', output_dir='/o', cache_dir='/c')
+    self.assertEqual(config.migrate_dict(OLD_CONFIG), new.to_dict())
+    self.assertEqual(new.hparams, {'fedavg': {}, 'feddecorr': {'beta': 0.1},
+                                   'dirichlet': {'alpha': 0.5}})
+
+  def test_old_spellings_are_aliases(self):
+    (old,) = resolve(algorithm='moon', mu='0.7', temperature='0.2', regularizer='feddecorr',
+                     beta='0.3', alpha='0.2')
+    (new,) = resolve(algorithm='moon', moon_mu=0.7, moon_temperature=0.2,
+                     regularizer='feddecorr', feddecorr_beta=0.3, dirichlet_alpha=0.2)
+    self.assertEqual(old.hparams, new.hparams)
+    self.assertEqual(new.hparams['moon'], {'mu': 0.7, 'temperature': 0.2})
+
+  def test_each_value_is_checked_where_it_is_declared(self):
+    with self.assertRaisesRegex(ValueError, '--fedprox_mu: must be >= 0.0'):
+      resolve(algorithm='fedprox', fedprox_mu=-1.0)
+    with self.assertRaisesRegex(ValueError, '--dirichlet_alpha: must be > 0.0'):
+      resolve(dirichlet_alpha=0.0)
+    with self.assertRaisesRegex(ValueError, '--fedavgm_server_lr applies only'):
+      resolve(algorithm='fedavgm', fedavgm_server_lr=0.5)
+    # alpha = inf is the IID limit of the Dirichlet partition.
+    (c,) = resolve(regularizer='none', dirichlet_alpha=float('inf'))
+    self.assertEqual(c.hparams['dirichlet']['alpha'], float('inf'))
+
+  def test_make_builds_without_flags(self):
+    c = config.make(task='digits', algorithm='fedprox', fedprox_mu=0.1, regularizer='none')
+    self.assertEqual(c.hparams['fedprox'], {'mu': 0.1})
+    self.assertEqual(c.rounds, 15)  # The task's default.
+    with self.assertRaisesRegex(ValueError, 'unknown setting.*beta'):
+      config.make(beta=0.1)
+
+
+if __name__ == '__main__':
+  absltest.main()

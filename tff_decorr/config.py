@@ -1,0 +1,337 @@
+"""A run's configuration: generic settings plus the settings of its chosen components.
+
+`Config` holds what every run has (task, model, clients, rounds, the client optimiser, seed,
+runtime, paths). The chosen algorithm, regulariser and partition each own their settings, declared
+once as a frozen dataclass in their module (tff_decorr.hparams); `Config.hparams` holds the chosen
+components' complete settings by component name, e.g. `{'fedprox': {'mu': 0.001},
+'feddecorr': {'beta': 0.1}, 'dirichlet': {'alpha': 0.5}}`.
+
+`resolve` turns explicitly given values into Configs: explicit > the task's paper defaults (keyed
+`'<component>.<field>'`) > the component's own defaults. The flag spellings used before the
+component flags existed (`--mu`, `--beta`, `--alpha`, ...) are accepted as aliases for one
+release (`LEGACY_ALIASES`), and `from_dict` migrates config.json files written with them, so old
+commands and run directories keep working; default run-directory names are hashed over that older
+flat form, so re-running an old command finds its old run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+RUNTIMES = ('tff', 'tf')
+
+# Old flag -> the component settings it stood for (it sets whichever of them the run uses).
+LEGACY_ALIASES: Dict[str, Tuple[str, ...]] = {
+    'mu': ('fedprox.mu', 'moon.mu'),
+    'temperature': ('moon.temperature',),
+    'server_lr': ('fedavgm.server_lr', 'scaffold.server_lr'),
+    'server_momentum': ('fedavgm.server_momentum',),
+    'coefficient_period': ('fedavg_decomposed.coefficient_period',),
+    'beta': ('feddecorr.beta', 'decov.beta'),
+    'alpha': ('dirichlet.alpha',),
+    'classes_per_client': ('pathological.classes_per_client',),
+}
+# Old config.json keys that the component flags kept (same spelling, now a component setting).
+_LEGACY_SAME = {'fedavgm_form': 'fedavgm.form', 'feduv_lambda': 'feduv.lam',
+                'feduv_mu': 'feduv.mu'}
+
+
+@dataclasses.dataclass
+class Config:
+  """Every setting of a run. Component settings live in `hparams` (see the module docstring)."""
+  task: str = 'digits'
+  model: str = ''
+  algorithm: str = 'fedavg'
+  regularizer: str = 'feddecorr'
+  partition: str = 'dirichlet'
+  num_clients: int = 10
+  clients_per_round: int = 10
+  rounds: int = 10
+  local_epochs: int = 1
+  batch_size: int = 64
+  client_lr: float = 0.01
+  momentum: float = 0.9
+  weight_decay: float = 1e-5
+  seed: int = 0
+  projection_dim: int = 0
+  decomposed: bool = False
+  num_atoms: int = 0
+  runtime: str = 'tff'
+  eval_every: int = 1
+  export_every: int = 0
+  data_dir: str = ''
+  cache_dir: str = ''
+  output_dir: str = ''
+  workers: str = ''
+  max_concurrent_computation_calls: int = -1
+  track_collapse: bool = False
+  hparams: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+  def component_hparams(self, kind: str):
+    """The HParams instance of the run's 'algorithm', 'regularizer' or 'partition'."""
+    name = getattr(self, kind)
+    return registry(kind).hparams_class(name).from_mapping(self.hparams.get(name, {}))
+
+
+def registry(kind: str):
+  """The module holding the registry of components of `kind`."""
+  # Imported here: the registries import TensorFlow, and config must stay cheap to import.
+  if kind == 'algorithm':
+    from tff_decorr import algorithms  # pylint: disable=g-import-not-at-top
+    return algorithms
+  if kind == 'regularizer':
+    from tff_decorr import regularizers  # pylint: disable=g-import-not-at-top
+    return regularizers
+  if kind == 'partition':
+    from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
+    return partitions
+  raise ValueError(f'unknown component kind {kind!r}.')
+
+
+KINDS = ('algorithm', 'regularizer', 'partition')
+GENERIC_FIELDS = tuple(f.name for f in dataclasses.fields(Config) if f.name != 'hparams')
+
+
+def validate(c: Config) -> None:
+  """Checks the generic settings (each component validates its own). Errors name the flag."""
+  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr import models  # pylint: disable=g-import-not-at-top
+
+  def bad(flag, msg):
+    raise ValueError(f'--{flag}: {msg}')
+  if c.task not in task_registry.names():
+    bad('task', f'unknown task {c.task!r}; choose one of {", ".join(task_registry.names())}.')
+  if c.model and c.model not in models.names():
+    bad('model', f'unknown model {c.model!r}; choose one of {", ".join(models.names())}.')
+  for kind in KINDS:
+    names = registry(kind).names()
+    if getattr(c, kind) not in names:
+      bad(kind, f'unknown {kind} {getattr(c, kind)!r}; choose one of {", ".join(names)}.')
+    c.component_hparams(kind)  # Validates the component's settings (errors name their flags).
+  if c.runtime not in RUNTIMES:
+    bad('runtime', f'unknown runtime {c.runtime!r}; choose tff (TFF C++ runtime, CPU, remote '
+        'workers) or tf (in-process, uses a GPU).')
+  for flag in ('num_clients', 'clients_per_round', 'rounds', 'local_epochs', 'batch_size',
+               'eval_every'):
+    if int(getattr(c, flag)) < 1:
+      bad(flag, f'must be >= 1, got {getattr(c, flag)}.')
+  if c.clients_per_round > c.num_clients:
+    bad('clients_per_round', f'{c.clients_per_round} is more than --num_clients='
+        f'{c.num_clients}; sample at most every client.')
+  for flag in ('client_lr', 'momentum', 'weight_decay'):
+    if not math.isfinite(getattr(c, flag)):  # inf/NaN would train a NaN model and exit 0.
+      bad(flag, f'must be a finite number, got {getattr(c, flag)}.')
+  if not c.client_lr > 0:
+    bad('client_lr', f'must be > 0, got {c.client_lr}.')
+  if not 0 <= c.momentum < 1:
+    bad('momentum', f'must be in [0, 1), got {c.momentum}.')
+  if c.weight_decay < 0:
+    bad('weight_decay', f'must be >= 0, got {c.weight_decay}.')
+  if c.export_every < 0:
+    bad('export_every', f'must be >= 0, got {c.export_every}.')
+  if not 0 <= int(c.seed) < 2 ** 32:
+    bad('seed', f'must be an integer in [0, 2^32) (NumPy seeds), got {c.seed}.')
+  if c.projection_dim < 0:
+    bad('projection_dim', f'must be >= 0 (0: no projection head), got {c.projection_dim}.')
+  if c.workers and c.runtime != 'tff':
+    bad('workers', f'TFF workers run only under --runtime=tff, not --runtime={c.runtime}; drop '
+        '--workers or use --runtime=tff.')
+  if c.num_atoms and not c.decomposed:
+    bad('num_atoms', 'sets the atoms of filter-decomposed convolutions; pass --decomposed too, '
+        'or drop --num_atoms.')
+  if registry('algorithm').algorithm_class(c.algorithm).requires_decomposed and not c.decomposed:
+    bad('decomposed', f'--algorithm={c.algorithm} averages atoms and coefficients of '
+        'filter-decomposed convolutions; pass --decomposed.')
+
+
+def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[str, Any]],
+            legacy: Mapping[str, Any], regularizers: Sequence[str],
+            warn=print) -> List[Config]:
+  """One Config per regulariser, from explicitly given values.
+
+  Args:
+    task: the task (its `defaults` are the paper's settings).
+    generic: explicitly given generic settings {field: value}.
+    components: explicitly given component settings {component: {field: value}} (from the
+      `--<component>_<field>` flags); a setting of a component the run does not use is an error.
+    legacy: explicitly given old-style flags {name: value} (LEGACY_ALIASES and _LEGACY_SAME).
+    regularizers: the regularisers, one Config each.
+  """
+  defaults = dict(task.defaults)
+  defaults.setdefault('partition', task.default_partition)
+  values = {f: defaults.get(f, getattr(Config, f)) for f in GENERIC_FIELDS}
+  values.update({k: v for k, v in generic.items() if v is not None and k in GENERIC_FIELDS})
+  values['model'] = values['model'] or task.default_model
+  if generic.get('clients_per_round') is None:
+    values['clients_per_round'] = defaults.get('clients_per_round', values['num_clients'])
+  algorithm_cls = registry('algorithm').algorithm_class(values['algorithm'])
+  if generic.get('projection_dim') is None and not algorithm_cls.projection_head:
+    values['projection_dim'] = 0  # The task's head width is a setting of algorithms that use one.
+  if not regularizers:
+    raise ValueError('--regularizer: empty; give none, feddecorr, feduv or decov.')
+  explicit = _explicit_settings(components, legacy, warn)
+  chosen_all = {values['algorithm'], values['partition'], *regularizers}
+  for component in components:
+    if component not in chosen_all and any(v is not None for v in components[component].values()):
+      given = ', '.join(f'--{_flag(component, f)}' for f, v in components[component].items()
+                        if v is not None)
+      raise ValueError(f'{given}: set(s) {component}, which this run does not use (--algorithm='
+                       f'{values["algorithm"]}, --regularizer={",".join(regularizers)}, '
+                       f'--partition={values["partition"]}); drop it or choose {component}.')
+  configs = []
+  for reg in regularizers:
+    c = Config(**{**values, 'regularizer': reg})
+    for kind in KINDS:
+      name = getattr(c, kind)
+      if name in registry(kind).names():
+        c.hparams[name] = _component_settings(kind, name, explicit, defaults)
+    validate(c)
+    configs.append(c)
+  return configs
+
+
+def _flag(component: str, field: str) -> str:
+  for kind in KINDS:
+    if component in registry(kind).names():
+      return registry(kind).hparams_class(component).flag_name(field)
+  return f'{component}_{field}'
+
+
+def _explicit_settings(components, legacy, warn) -> Dict[str, Dict[str, Any]]:
+  """{component: {field: value}} from the component flags and the old spellings."""
+  explicit: Dict[str, Dict[str, Any]] = {}
+  for old, value in legacy.items():
+    if value is None:
+      continue
+    targets = LEGACY_ALIASES.get(old) or (_LEGACY_SAME[old],)
+    if old in LEGACY_ALIASES:
+      warn(f'warning: --{old} is deprecated and will be removed; use '
+           f'{" / ".join("--" + _flag(*t.split(".")) for t in targets)}.')
+    for target in targets:
+      component, field = target.split('.')
+      explicit.setdefault(component, {})[field] = value
+  for component, fields in components.items():
+    for field, value in fields.items():
+      if value is not None:
+        explicit.setdefault(component, {})[field] = value
+  return explicit
+
+
+def _component_settings(kind, name, explicit, task_defaults) -> Dict[str, Any]:
+  """Explicit > task default ('<name>.<field>') > the component's own default."""
+  cls = registry(kind).hparams_class(name)
+  out = {}
+  for f in dataclasses.fields(cls):
+    out[f.name] = explicit.get(name, {}).get(
+        f.name, task_defaults.get(f'{name}.{f.name}', f.default))
+  return cls.from_mapping(out).to_dict()  # Validated; normalised (e.g. fedavgm form aliases).
+
+
+def from_dict(d: Mapping[str, Any]) -> Config:
+  """A Config from config.json, including files written before component settings existed."""
+  d = dict(d)
+  if 'hparams' not in d:
+    d = _migrate_flat(d)
+  known = {f.name for f in dataclasses.fields(Config)}
+  return Config(**{k: v for k, v in d.items() if k in known})
+
+
+def migrate_dict(d: Mapping[str, Any]) -> dict:
+  """config.json contents in today's form (old flat files are translated)."""
+  return from_dict(d).to_dict() if 'hparams' not in d else dict(d)
+
+
+def _migrate_flat(d: dict) -> dict:
+  flat = {}
+  for old, targets in {**LEGACY_ALIASES, **{k: (v,) for k, v in _LEGACY_SAME.items()}}.items():
+    if old in d:
+      for target in targets:
+        component, field = target.split('.')
+        flat.setdefault(component, {})[field] = d[old]
+  hparams = {}
+  for kind in KINDS:
+    name = d.get(kind, getattr(Config, kind))
+    cls = registry(kind).hparams_class(name)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    hparams[name] = cls.from_mapping({k: v for k, v in flat.get(name, {}).items()
+                                      if k in fields}).to_dict()
+  out = {k: v for k, v in d.items() if k not in LEGACY_ALIASES and k not in _LEGACY_SAME}
+  out['hparams'] = hparams
+  return out
+
+
+def directory_hash(config: Config, task, legacy: Mapping[str, Any]) -> str:
+  """The 8-hex-digit hash in default run-directory names.
+
+  Computed over the flat form configurations had before component settings existed (every old
+  key, each with the value the old resolution gave it), so an old command finds its old run;
+  settings with no old key (a newly registered component's) are added under
+  '<component>_<field>'."""
+  from tff_decorr import run_dir  # pylint: disable=g-import-not-at-top
+  defaults = dict(task.defaults)
+
+  def setting(component, field, fallback):
+    if component in config.hparams:
+      return config.hparams[component][field]
+    for old, targets in LEGACY_ALIASES.items():  # An old flag given for an unused component.
+      if f'{component}.{field}' in targets and legacy.get(old) is not None:
+        return legacy[old]
+    for old, target in _LEGACY_SAME.items():
+      if target == f'{component}.{field}' and legacy.get(old) is not None:
+        return legacy[old]
+    return defaults.get(f'{component}.{field}', fallback)
+
+  flat = {k: v for k, v in config.to_dict().items() if k != 'hparams'}
+  flat.update({
+      'beta': setting('decov' if config.regularizer == 'decov' else 'feddecorr', 'beta', 0.1),
+      'feduv_lambda': setting('feduv', 'lam', 2.5), 'feduv_mu': setting('feduv', 'mu', 0.5),
+      'alpha': setting('dirichlet', 'alpha', 0.5),
+      'classes_per_client': setting('pathological', 'classes_per_client', 2),
+      'mu': setting('moon' if config.algorithm == 'moon' else 'fedprox', 'mu',
+                    1.0 if config.algorithm == 'moon' else 1e-3),
+      'temperature': setting('moon', 'temperature', 0.5),
+      'server_lr': setting('scaffold' if config.algorithm == 'scaffold' else 'fedavgm',
+                           'server_lr', 1.0),
+      'server_momentum': setting('fedavgm', 'server_momentum', 0.9),
+      'fedavgm_form': setting('fedavgm', 'form', 'reference'),
+      'coefficient_period': setting('fedavg_decomposed', 'coefficient_period', 1),
+  })
+  known = {t for ts in LEGACY_ALIASES.values() for t in ts} | set(_LEGACY_SAME.values())
+  for component, fields in config.hparams.items():
+    for field, value in fields.items():
+      if f'{component}.{field}' not in known:
+        flat[f'{component}_{field}'] = value
+  d = {k: v for k, v in flat.items() if k not in run_dir.RESUMABLE_KEYS}
+  return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def make(**values) -> Config:
+  """A validated Config from keywords, for code that has no flags (benchmarks, tests): generic
+  fields by name and component settings by their flag names (`dirichlet_alpha=0.5`,
+  `feddecorr_beta=0.1`, `fedprox_mu=1e-3`); everything else from the task's and components'
+  defaults, as bin/train resolves it. An unknown keyword is an error."""
+  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr import hparams  # pylint: disable=g-import-not-at-top
+  task = task_registry.get(values.get('task', Config.task))
+  generic = {k: values.pop(k) for k in list(values) if k in GENERIC_FIELDS}
+  components: Dict[str, Dict[str, Any]] = {}
+  for kind in KINDS:
+    for name in registry(kind).names():
+      for spec in hparams.flag_specs(registry(kind).hparams_class(name)):
+        if spec.name in values:
+          components.setdefault(name, {})[spec.field] = values.pop(spec.name)
+  if values:
+    raise ValueError(f'make: unknown setting(s) {", ".join(sorted(values))}; give generic fields '
+                     'or component settings by flag name (e.g. dirichlet_alpha).')
+  regularizer = generic.pop('regularizer', task.defaults.get('regularizer', Config.regularizer))
+  output_dir = generic.pop('output_dir', '')
+  c = resolve(task, generic, components, {}, [regularizer], warn=lambda s: None)[0]
+  c.output_dir = output_dir
+  return c

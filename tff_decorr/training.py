@@ -1,0 +1,121 @@
+"""The training program as a library call: `tff_decorr.training.train(config)` (also
+`tff_decorr.train`). bin/train is its command line: flags -> `config.resolve` -> `train`.
+
+It prepares the run directory (lock, compare, config.json once every check has passed), builds the
+run's pieces (tff_decorr.experiment), and drives the round loop (tff_decorr.program): metrics,
+checkpoints, evaluation (each client's own model for personalised algorithms), export, summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from typing import Optional, Sequence
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_decorr import client_state
+from tff_decorr import config as config_lib
+from tff_decorr import experiment
+from tff_decorr import personalized
+from tff_decorr import program
+from tff_decorr import run_dir
+
+
+def _versions() -> dict:
+  return {'python': platform.python_version(), 'tensorflow': tf.__version__,
+          'tensorflow_federated': tff.__version__}
+
+
+def _local_model_rounds(config, save_local_models, save_local_rounds) -> list:
+  """--save_local_rounds as integers, after checking --save_local_models names real clients."""
+  try:
+    rounds = [int(r) for r in save_local_rounds]
+  except ValueError as e:
+    raise ValueError(f'--save_local_rounds: {save_local_rounds} are not round '
+                     'numbers.') from e
+  bad = [c for c in save_local_models if not c.isdigit() or int(c) >= config.num_clients]
+  if bad:
+    raise ValueError(f'--save_local_models: {bad} are not client ids (0..'
+                     f'{config.num_clients - 1}).')
+  return rounds
+
+
+def train(config: config_lib.Config, *, overwrite: bool = False,
+          save_local_models: Sequence[str] = (), save_local_rounds: Sequence = (),
+          log=print) -> Optional[dict]:
+  """Runs (or resumes) one configuration in `config.output_dir`; returns its summary.
+
+  `config` comes from `tff_decorr.config.resolve` (what bin/train does with its flags) or is
+  built directly. Re-running with the same configuration resumes after the last completed round.
+  Returns None when the directory already holds more rounds than `config.rounds`. Raises
+  ValueError (bad settings, unusable directory), program.NonFiniteError, program.Interrupted.
+  Exit codes and messages of these are mapped by `tff_decorr.cli.run_guarded`.
+  """
+  program.set_gpu_memory_growth()
+  local_rounds = _local_model_rounds(config, save_local_models, save_local_rounds)
+  # Lock and compare first; config.json is written only once every check below has passed, so a
+  # start that fails (bad partition, too many clients, ...) leaves nothing that refuses the
+  # corrected command.
+  resumed = run_dir.prepare(config.output_dir, config.to_dict(), overwrite=overwrite, log=log,
+                            migrate=config_lib.migrate_dict)
+  try:
+    exp = experiment.Experiment(config, log=log)
+    exp.prepare_client_data()
+  except BaseException:
+    run_dir.unlock(config.output_dir, remove_if_unused=True)
+    raise
+  run_dir.write_config(config.output_dir, config.to_dict())
+  log(('Resuming' if resumed else 'Configuration') + ' (saved to ' +
+      run_dir.config_path(config.output_dir) + '):')
+  log(json.dumps(config.to_dict(), indent=None, sort_keys=True))
+  runtime = exp.runtime(config.output_dir)
+  evaluator = exp.evaluator()
+  test_ds = exp.test_dataset()
+  initial_weights = exp.algorithm.initial_weights()
+  store = client_state.ClientStateStore(
+      os.path.join(config.output_dir, 'client_states'),
+      initial_fn=lambda: exp.algorithm.initial_client_state(initial_weights))
+
+  alg = exp.algorithm
+  client_sets = (personalized.client_test_datasets(exp.task, config.data_dir or None)
+                 if alg.personalized else None)
+
+  def evaluate(server_state, round_num):
+    del round_num
+    if alg.personalized:  # FedBN & co: each client's own model, as their papers report.
+      return personalized.evaluate_clients(alg, server_state, store.load, config.num_clients,
+                                           evaluator, client_sets)
+    m = evaluator.evaluate(alg.global_weights(server_state), test_ds)
+    return {'test_accuracy': m['test_accuracy'], 'test_loss': m['test_loss']}
+
+  on_round_end = None
+  if config.track_collapse:
+    from tff_decorr import collapse_tracking  # pylint: disable=g-import-not-at-top
+    on_round_end = collapse_tracking.tracker(exp, evaluator, test_ds, config.eval_every,
+                                             config.rounds)
+
+  before_round = None
+  if save_local_models or config.track_collapse:
+    from tff_decorr import collapse_tracking  # pylint: disable=g-import-not-at-top
+    before_round = collapse_tracking.LocalModels(exp, evaluator, test_ds,
+                                                 save_local_models, local_rounds,
+                                                 track=config.track_collapse)
+
+  loop = program.LoopConfig(rounds=config.rounds, num_clients=config.num_clients,
+                            clients_per_round=config.clients_per_round, seed=config.seed,
+                            eval_every=config.eval_every, export_every=config.export_every)
+  t0 = time.time()
+  summary = program.run(runtime=runtime, algorithm=exp.algorithm, store=store, loop=loop,
+                        output_dir=config.output_dir, evaluate_fn=evaluate,
+                        export_fn=exp.export, on_round_end=on_round_end,
+                        before_round=before_round, check_clients=exp.check_client_data, log=log)
+  if summary is None:  # More rounds done than --rounds: nothing trained, nothing (re)written.
+    return None
+  summary.update({'config': config.to_dict(), 'versions': _versions(),
+                  'wall_time_s': time.time() - t0})
+  run_dir.write_json_atomic(os.path.join(config.output_dir, 'summary.json'), summary)
+  return summary
