@@ -217,7 +217,8 @@ def singular_values(cov: Any) -> np.ndarray:
   return np.clip(eig, 0.0, None)[::-1].copy()
 
 
-def _as_spectrum(sv: Any, name: str) -> np.ndarray:
+def as_spectrum(sv: Any, name: str) -> np.ndarray:
+  """`sv` as a float64 1-D array of singular values; ValueError naming `name` otherwise."""
   sv = np.asarray(sv, dtype=np.float64)
   if sv.ndim != 1 or sv.size == 0:
     raise ValueError(f'{name} must be a non-empty 1-D array of singular values; got shape {sv.shape}.')
@@ -236,7 +237,7 @@ def num_significant(sv: Any, log10_tau: float = DEFAULT_LOG10_TAU, normalize: bo
     depends on the representation's scale; use it to compare with the papers' figures.
   An all-zero spectrum has 0 significant values either way.
   """
-  sv = _as_spectrum(sv, 'sv')
+  sv = as_spectrum(sv, 'sv')
   if not math.isfinite(log10_tau):
     raise ValueError(f'log10_tau must be finite; got {log10_tau}.')
   tau = 10.0 ** log10_tau
@@ -253,7 +254,7 @@ def effective_rank(sv: Any) -> float:
   Zeros contribute 0 to the entropy (0 log 0 = 0). A spectrum of r equal non-zero values has
   effective rank r; an all-zero spectrum (a constant representation) gets 0.
   """
-  sv = _as_spectrum(sv, 'sv')
+  sv = as_spectrum(sv, 'sv')
   total = sv.sum()
   if total == 0.0:
     return 0.0
@@ -275,8 +276,8 @@ def local_global_gap(sv_local: Any, sv_global: Any, k: Optional[int] = None,
   normalize=True divides each spectrum by its own largest value first (R then compares shapes only,
   not the overall scale); the papers' R is normalize=False.
   """
-  local = np.sort(_as_spectrum(sv_local, 'sv_local'))[::-1]
-  glob = np.sort(_as_spectrum(sv_global, 'sv_global'))[::-1]
+  local = np.sort(as_spectrum(sv_local, 'sv_local'))[::-1]
+  glob = np.sort(as_spectrum(sv_global, 'sv_global'))[::-1]
   if not (0.0 < rel_floor < 1.0):
     raise ValueError(f'rel_floor must be in (0, 1); got {rel_floor}.')
   limit = min(local.size, glob.size)
@@ -299,7 +300,7 @@ def local_global_gap(sv_local: Any, sv_global: Any, k: Optional[int] = None,
 def spectrum_summary(sv: Any, log10_tau: float = DEFAULT_LOG10_TAU,
                      top: int = DEFAULT_TOP) -> dict[str, Any]:
   """JSON-serialisable summary of one spectrum (plain Python floats and ints only)."""
-  sv = np.sort(_as_spectrum(sv, 'sv'))[::-1]
+  sv = np.sort(as_spectrum(sv, 'sv'))[::-1]
   if not isinstance(top, (int, np.integer)) or top < 1:
     raise ValueError(f'top must be a positive integer; got {top!r}.')
   largest = float(sv[0])

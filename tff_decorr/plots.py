@@ -14,14 +14,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 import numpy as np
 
+from tff_decorr import analysis
+
 
 def _spectrum(sv: Any, name: str) -> np.ndarray:
-  sv = np.asarray(sv, dtype=np.float64)
-  if sv.ndim != 1 or sv.size == 0:
-    raise ValueError(f'{name} must be a non-empty 1-D array of singular values; got shape {sv.shape}.')
-  if not np.all(np.isfinite(sv)) or np.any(sv < 0):
-    raise ValueError(f'{name} must be finite and non-negative.')
-  return np.sort(sv)[::-1]
+  """Checked (analysis.as_spectrum) and sorted in descending order, as the plots draw it."""
+  return np.sort(analysis.as_spectrum(sv, name))[::-1]
 
 
 def _check_top(top: int) -> None:

@@ -84,9 +84,3 @@ class TfRuntime:
     new_server_state = self._server_step(_to_tensors(server_state), contribution, weight)
     return _to_numpy(new_server_state), new_states, _to_numpy(metrics)
 
-
-def run_round(algorithm: base.Algorithm, client_dataset_fn: ClientDatasetFn, server_state,
-              client_inputs, client_states):
-  """One-shot convenience (builds a workspace each call; use TfRuntime for many rounds)."""
-  return TfRuntime(algorithm, client_dataset_fn).run_round(server_state, client_inputs,
-                                                           client_states)
