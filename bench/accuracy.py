@@ -1,7 +1,7 @@
 r"""Reduced-scale accuracy on real CIFAR-10: FedAvg vs FedAvg + FedDecorr over alphas and seeds.
 
-Each run is `bin.train --runtime=tf` in a subprocess; its summary.json gives the final test accuracy
-on the full 10,000-image test split. Prints mean and std per (alpha, method) and writes
+Each run is `tff_decorr.training.train` (what bin/train runs) with the in-process runtime; its
+summary.json gives the final test accuracy on the full 10,000-image test split. Prints mean and std per (alpha, method) and writes
 bench/results/accuracy_<scale>.json. Runs already finished are reused (bin/train resumes), so an
 interrupted benchmark continues where it stopped.
 
@@ -14,12 +14,17 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 
 from absl import app
 from absl import flags
+
+# TensorFlow must be imported before absl's app.run (Keras 2.14 otherwise builds functional models
+# from graph tensors: "'SymbolicTensor' object has no attribute 'node'").
+import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
+
+from tff_decorr import config as config_lib  # pylint: disable=g-import-not-at-top
+from tff_decorr import training  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,8 +48,8 @@ def main(argv):
   if FLAGS.rounds < 1 or FLAGS.local_epochs < 1:
     raise app.UsageError(f'--rounds and --local_epochs must be >= 1, got {FLAGS.rounds} and '
                          f'{FLAGS.local_epochs}.')
-  scale = (['--model=small_cnn', f'--rounds={FLAGS.rounds}', f'--local_epochs={FLAGS.local_epochs}',
-            f'--eval_every={FLAGS.rounds}'] if FLAGS.scale == 'cpu' else [])
+  scale = (dict(model='small_cnn', rounds=FLAGS.rounds, local_epochs=FLAGS.local_epochs,
+                eval_every=FLAGS.rounds) if FLAGS.scale == 'cpu' else {})
   # Settings in the path: bin/train refuses a different configuration in an existing run dir.
   setting = (f'cpu-r{FLAGS.rounds}-e{FLAGS.local_epochs}' if FLAGS.scale == 'cpu' else 'paper')
   results = {}
@@ -54,15 +59,12 @@ def main(argv):
       accs = []
       for seed in FLAGS.seeds:
         out = os.path.join(FLAGS.output_dir, setting, f'a{alpha}-{reg}-s{seed}')
-        cmd = [sys.executable, '-m', 'bin.train', '--task=cifar10',
-               f'--data_dir={os.path.abspath(FLAGS.data_dir)}', '--runtime=tf',
-               f'--dirichlet_alpha={alpha}', f'--regularizer={reg}',
-               *([f'--feddecorr_beta={FLAGS.beta}'] if reg == 'feddecorr' else []),
-               f'--seed={seed}', f'--output_dir={out}',
-               f'--cache_dir={os.path.join(FLAGS.output_dir, "cache")}', *scale]
-        proc = subprocess.run(cmd, cwd=_ROOT, capture_output=True, text=True)
-        if proc.returncode != 0:
-          raise RuntimeError(f'{" ".join(cmd)}\n{proc.stderr[-2000:]}')
+        config = config_lib.make(
+            task='cifar10', data_dir=os.path.abspath(FLAGS.data_dir), runtime='tf',
+            dirichlet_alpha=float(alpha), regularizer=reg, seed=int(seed), output_dir=out,
+            cache_dir=os.path.join(FLAGS.output_dir, 'cache'), **scale,
+            **({'feddecorr_beta': FLAGS.beta} if reg == 'feddecorr' else {}))
+        training.train(config, log=lambda s: None)  # Resumes (or just reads) a finished run.
         with open(os.path.join(out, 'summary.json')) as f:
           acc = json.load(f)['final_test_accuracy']
         accs.append(acc)
