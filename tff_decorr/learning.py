@@ -41,6 +41,7 @@ import tensorflow_federated as tff
 
 from tff_decorr import algorithms
 from tff_decorr import regularizers
+from tff_decorr import tff_context
 from tff_decorr.algorithms import base
 from tff_decorr.algorithms import fedavg
 from tff_decorr.algorithms import fedbn
@@ -272,3 +273,629 @@ def from_keras_model(keras_model: tf.keras.Model, input_spec,
     raise ValueError('input_spec must have two elements, (x, y): the inputs and the labels.')
   return RegularizedKerasModel(keras_model, dict_model, input_spec, reg, from_logits)
 
+
+# ------------------------------------------------------------------------------------------------
+# Aggregation helpers
+# ------------------------------------------------------------------------------------------------
+
+
+def upload_bytes_per_client(aggregation_process: tff.templates.AggregationProcess) -> int:
+  """Bytes each client sends in one call of `aggregation_process.next`, from TFF's own types.
+
+  The sum, over every aggregating intrinsic call in the process (federated_sum, _mean, _aggregate,
+  secure sums, ...), of the sizes of its CLIENTS-placed tensor arguments. This is the wire format
+  the aggregator defines: an encoded (compressed) factory sends its encoded tensors, adaptive
+  clipping adds its per-client indicator, a weighted mean adds the weight.
+  """
+  total = 0
+  for comp in _nodes(aggregation_process):
+    if not (isinstance(comp, tff.framework.Call) and isinstance(comp.function,
+                                                                tff.framework.Intrinsic)):
+      continue
+    result = comp.function.type_signature.result
+    if not (isinstance(result, tff.FederatedType) and result.placement == tff.SERVER):
+      continue
+    if comp.argument is None:
+      continue
+    for t in _flatten_type(comp.argument.type_signature):
+      if isinstance(t, tff.FederatedType) and t.placement == tff.CLIENTS:
+        total += _tensor_bytes(t.member)
+  return total
+
+
+def _nodes(process):
+  """Every node of the building block of `process.next` (TFF's compiled form)."""
+  stack = [process.next.to_building_block()]
+  while stack:
+    comp = stack.pop()
+    stack.extend(comp.children())
+    yield comp
+
+
+def _flatten_type(t):
+  if isinstance(t, tff.StructType):
+    out = []
+    for child in t.children():
+      out.extend(_flatten_type(child))
+    return out
+  return [t]
+
+
+def _tensor_bytes(t) -> int:
+  if isinstance(t, tff.StructType):
+    return sum(_tensor_bytes(c) for c in t.children())
+  if isinstance(t, tff.TensorType):
+    if t.shape is None or any(d is None for d in t.shape):
+      raise ValueError(f'cannot count the bytes of a tensor of unknown shape: {t}.')
+    return int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
+  return 0  # sequences, functions: not sent by an aggregation
+
+
+def dp_epsilons(noise_multiplier: float, clients_per_round: int, num_clients: int,
+                rounds: int, target_delta: float) -> np.ndarray:
+  """epsilon after 1..`rounds` rounds of the Gaussian mechanism on clipped client updates.
+
+  Accounting: Renyi DP (dp_accounting, shipped with TFF), one Gaussian event of `noise_multiplier`
+  per round on a uniform sample of `clients_per_round` of `num_clients` clients without replacement
+  (what `tff.program.ClientIdDataSource` draws), replace-one adjacency (a fixed denominator, as
+  TFF's DP mean). RDP composes additively, so one round is computed once.
+  """
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  from dp_accounting.rdp import rdp_privacy_accountant as rdp  # pylint: disable=g-import-not-at-top
+  if noise_multiplier <= 0:
+    return np.full([rounds], np.inf)
+  event = dp_accounting.SampledWithoutReplacementDpEvent(
+      num_clients, clients_per_round, dp_accounting.GaussianDpEvent(noise_multiplier))
+  accountant = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+  accountant.compose(event)
+  # pylint: disable=protected-access
+  orders, one_round = accountant._orders, np.asarray(accountant._rdp)
+  # pylint: enable=protected-access
+  return np.array([rdp.compute_epsilon(orders, r * one_round, target_delta)[0]
+                   for r in range(1, rounds + 1)])
+
+
+class AccountedDpFactory(tff.aggregators.UnweightedAggregationFactory):
+  """`tff.learning.dp_aggregator` that also reports the privacy spent (`dp_epsilon` measurement).
+
+  TFF's DP factories cannot report epsilon: they know the noise multiplier but not how many
+  clients there are (the sampling rate), the accounting delta, or the number of rounds. This one is
+  told, and reports epsilon after each round (its state counts rounds, so a resumed train_model run
+  continues the count). Build it with `dp_aggregator`.
+  """
+
+  def __init__(self, inner: tff.aggregators.UnweightedAggregationFactory, epsilons: np.ndarray,
+               target_delta: float):
+    self.inner = inner
+    self.epsilons = np.asarray(epsilons, np.float64)
+    self.target_delta = float(target_delta)
+
+  def create(self, value_type):
+    inner = self.inner.create(value_type)
+    table = self.epsilons
+    last = len(table) - 1
+
+    @tff.tensorflow.computation
+    def zero_round():
+      return tf.constant(0, tf.int32)
+
+    @tff.federated_computation
+    def init_fn():
+      return tff.federated_zip(collections.OrderedDict(
+          inner=inner.initialize(), round=tff.federated_eval(zero_round, tff.SERVER)))
+
+    @tff.tensorflow.computation(tf.int32)
+    def account(round_num):
+      # Past the precomputed table: report +inf rather than an understated epsilon.
+      known = tf.gather(tf.constant(table, tf.float32), tf.minimum(round_num, last))
+      eps = tf.where(round_num > last, tf.constant(np.inf, tf.float32), known)
+      return collections.OrderedDict(round=round_num + 1, epsilon=eps)
+
+    @tff.federated_computation(init_fn.type_signature.result,
+                               tff.FederatedType(value_type, tff.CLIENTS))
+    def next_fn(state, value):
+      out = inner.next(state.inner, value)
+      accounted = tff.federated_map(account, state.round)
+      return tff.templates.MeasuredProcessOutput(
+          state=tff.federated_zip(collections.OrderedDict(inner=out.state,
+                                                          round=accounted.round)),
+          result=out.result,
+          measurements=tff.federated_zip(collections.OrderedDict(
+              dp=out.measurements, dp_epsilon=accounted.epsilon)))
+
+    return tff.templates.AggregationProcess(init_fn, next_fn)
+
+
+def dp_aggregator(noise_multiplier: float, clients_per_round: int, num_clients: int,
+                  target_delta: Optional[float] = None, max_rounds: int = 10000,
+                  zeroing: bool = True, clip: Optional[float] = None) -> AccountedDpFactory:
+  """DP-FedAvg aggregation (TFF's own factories) that reports epsilon in its measurements.
+
+  clip=None: `tff.learning.dp_aggregator` (adaptive clipping, its noise_multiplier is the total);
+  clip=C: `tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed` with L2 clip C.
+  target_delta default: 1 / num_clients**1.1 (smaller than 1/N, the usual choice).
+  The mean divides by clients_per_round: sample exactly that many clients a round.
+  """
+  if not noise_multiplier >= 0:
+    raise ValueError(f'noise_multiplier must be >= 0, got {noise_multiplier!r}.')
+  if not 1 <= clients_per_round <= num_clients:
+    raise ValueError(f'clients_per_round must be in [1, num_clients={num_clients}], got '
+                     f'{clients_per_round!r}.')
+  delta = target_delta if target_delta is not None else 1.0 / num_clients ** 1.1
+  if clip is None:
+    inner = tff.learning.dp_aggregator(noise_multiplier, clients_per_round, zeroing=zeroing)
+  else:
+    inner = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+        noise_multiplier, clients_per_round, clip)
+  eps = dp_epsilons(noise_multiplier, clients_per_round, num_clients, max_rounds, delta)
+  return AccountedDpFactory(inner, eps, delta)
+
+
+_PRIVATE_FACTORIES = (tff.aggregators.DifferentiallyPrivateFactory,
+                      tff.aggregators.SecureSumFactory,
+                      tff.aggregators.SecureModularSumFactory, AccountedDpFactory)
+
+
+def _private_parts(factory, seen=None) -> list:
+  """Names of the privacy mechanisms (DP, secure sums) inside a factory and its inner factories."""
+  seen = set() if seen is None else seen
+  if id(factory) in seen:
+    return []
+  seen.add(id(factory))
+  found = [type(factory).__name__] if isinstance(factory, _PRIVATE_FACTORIES) else []
+  # Inner factories are attributes, or (TFF's robust wrappers) closure cells of `create`.
+  create = getattr(type(factory), 'create', None)
+  cells = [c.cell_contents for c in (getattr(create, '__closure__', None) or ())]
+  for value in list(vars(factory).values()) + cells:
+    for v in (value if isinstance(value, (list, tuple)) else [value]):
+      if isinstance(v, tff.aggregators.AggregationFactory):
+        found += _private_parts(v, seen)
+  return found
+
+
+def _secure_intrinsics(process) -> bool:
+  return any(isinstance(c, tff.framework.Intrinsic) and 'secure' in c.uri for c in _nodes(process))
+
+
+# ------------------------------------------------------------------------------------------------
+# The project's algorithms as LearningProcesses
+# ------------------------------------------------------------------------------------------------
+
+
+def _update_baseline(algorithm: base.Algorithm) -> Optional[Callable[[Any], list]]:
+  """What a client's update is measured from, as a function of the broadcast, or None.
+
+  TFF's aggregators expect model DELTAS (DP clips them, compression quantises them, robust
+  aggregation zeroes large ones). The project's FedAvg family uploads n_i * y_i with weight n_i;
+  here the client sends y_i - x with weight n_i and the server adds x back to the weighted mean,
+  which is the same average up to float round-off. SCAFFOLD and FedNova already upload deltas.
+  """
+  if isinstance(algorithm, fedbn.FedBN):  # uploads the non-BN weights only
+    mask = algorithm.spec.batchnorm
+    return lambda broadcast: [w for w, b in zip(broadcast['weights'], mask) if not b]
+  if isinstance(algorithm, fedavg.FedAvg):  # fedavg, fedprox, fedavgm, moon
+    return lambda broadcast: list(broadcast['weights'])
+  if isinstance(algorithm, (scaffold.Scaffold, fednova.FedNova)):
+    return None
+  raise ValueError(f'algorithm {algorithm.name!r} has no LearningProcess form; choose one of '
+                   f'{", ".join(PROCESS_ALGORITHMS)}.')
+
+
+def _check_aggregator(name: str, factory, process) -> None:
+  private = sorted(set(_private_parts(factory))) + (['secure aggregation intrinsics']
+                                                    if _secure_intrinsics(process) else [])
+  if not private:
+    return
+  if name in STATEFUL_ALGORITHMS:
+    raise ValueError(
+        f'model_aggregator: {", ".join(private)} cannot be combined with {name!r}. Its per-client '
+        'state (FedBN BN variables, SCAFFOLD control variates, MOON previous model) is held by the '
+        'server in this simulation (tff.learning has no client-placed state), which would void the '
+        "privacy guarantee. Use 'fedavg', 'fedprox' or 'fedavgm' with a private aggregator.")
+  if name == 'fednova':
+    raise ValueError(
+        f'model_aggregator: {", ".join(private)} cannot be combined with \'fednova\': its upload '
+        'carries the normaliser a_i (local steps, tens to thousands), which would dominate the '
+        "clipped L2 norm and be noised with the update. Use 'fedavg', 'fedprox' or 'fedavgm'.")
+
+
+def _algorithm_regularizer(regularizer):
+  if isinstance(regularizer, str):
+    return _regularizer(regularizer, {})
+  if regularizer is not None and not callable(regularizer):
+    raise ValueError(f'regularizer must be a name ({", ".join(regularizers.names())}), a '
+                     'callable (representation, logits) -> scalar, or None; got '
+                     f'{type(regularizer).__name__}.')
+  return regularizer
+
+
+def build_process(name: str, model_fn: Callable[[], tf.keras.Model],
+                  client_dataset_fn: Callable[[tf.Tensor, tf.Tensor], tf.data.Dataset], *,
+                  config: ClientConfig = ClientConfig(),
+                  regularizer: RegularizerArg = 'feddecorr',
+                  client_ids: Optional[Sequence[str]] = None,
+                  model_aggregator: Optional[tff.aggregators.AggregationFactory] = None,
+                  representation_layer: Optional[str] = None, seed: int = 0,
+                  initial_weights: Optional[Sequence[np.ndarray]] = None,
+                  **hparams) -> tff.learning.templates.LearningProcess:
+  """Project algorithm `name` as a `tff.learning.templates.LearningProcess` (docs/tff.md).
+
+  `next(state, client_ids@CLIENTS)` takes client ids (strings), e.g. from
+  `tff.program.ClientIdDataSource(client_ids)`, and builds each client's dataset inside the
+  computation with `client_dataset_fn(client_id, seed)` (TF ops; a task's
+  `client_dataset_fn(shard_dir, batch_size)`), `seed` a stateless function of (`seed`, round, id).
+  The client work is the project's own local training (`algorithms.build(...).make_client_step`),
+  the server step the algorithm's `server_step`, as in `runtimes/tff_runtime.py`.
+
+  State: `tff.learning.templates.LearningAlgorithmState`; global_model_weights is a
+  `tff.learning.models.ModelWeights` (all weights, BN statistics included, which every algorithm
+  here aggregates except FedBN's), client_work holds the round number and, for fedbn / moon /
+  scaffold, every client's state (one row per id in `client_ids`), finalizer the algorithm's other
+  server state (FedAvgM momentum, SCAFFOLD's c), aggregator the aggregation process's state.
+  Metrics: client_work/train (loss, cross_entropy, regularizer, algorithm_loss, accuracy,
+  num_examples, num_steps, clients), aggregator (the factory's measurements; bytes_up: bytes the
+  aggregator's wire format sends, all clients; bytes_up_float32: the update as plain float32),
+  distributor (bytes_down).
+
+  Args:
+    name: one of PROCESS_ALGORITHMS.
+    model_fn: no-arg callable returning a Keras model: the project's dict outputs, or one output
+      (logits) with `representation_layer`.
+    client_dataset_fn: (client_id tf.string, seed tf.int64) -> batched (x, y) dataset.
+    config: local SGD (ClientConfig: local_epochs, lr, momentum, weight_decay).
+    regularizer: name in regularizers.names() (default coefficients), a
+      `regularizers.get(name, beta=...)`, a callable, or None.
+    client_ids: every client id. Required for fedbn, moon and scaffold (their per-client state).
+    model_aggregator: any tff.aggregators factory, weighted or unweighted. Default: the weighted
+      mean (`tff.aggregators.MeanFactory()`), today's runtime result up to float round-off.
+      Clients send deltas; an unweighted factory averages them uniformly.
+    representation_layer: see `as_dict_model`.
+    seed: base seed of the client datasets.
+    initial_weights: flat weights in model.weights order (default: the model's initialisation).
+    **hparams: the algorithm's (fedprox mu, fedavgm server_momentum/form/server_lr, moon mu /
+      temperature, scaffold server_lr / num_clients (default len(client_ids))).
+  """
+  if name not in PROCESS_ALGORITHMS:
+    raise ValueError(f'name={name!r}: no LearningProcess form; choose one of '
+                     f'{", ".join(PROCESS_ALGORITHMS)}.')
+  if not callable(model_fn):
+    raise ValueError('model_fn must be a no-arg callable returning a Keras model.')
+  if not callable(client_dataset_fn):
+    raise ValueError('client_dataset_fn must be a callable (client_id, seed) -> tf.data.Dataset '
+                     'built from TF ops.')
+  if client_ids is not None:
+    client_ids = [str(c) for c in client_ids]
+    if not client_ids or len(set(client_ids)) != len(client_ids):
+      raise ValueError('client_ids must be a non-empty list of distinct client ids.')
+  stateful = name in STATEFUL_ALGORITHMS
+  if stateful and client_ids is None:
+    raise ValueError(f'client_ids is required for {name!r}: its per-client state is kept in the '
+                     'server state, one row per client id.')
+  if name == 'scaffold' and 'num_clients' not in hparams and client_ids is not None:
+    hparams['num_clients'] = len(client_ids)
+  if model_aggregator is None:
+    model_aggregator = tff.aggregators.MeanFactory()
+  if not isinstance(model_aggregator, (tff.aggregators.WeightedAggregationFactory,
+                                       tff.aggregators.UnweightedAggregationFactory)):
+    raise ValueError('model_aggregator must be a tff.aggregators factory (weighted or '
+                     f'unweighted), got {type(model_aggregator).__name__}.')
+  dict_model_fn = lambda: as_dict_model(model_fn(), representation_layer)
+  alg = algorithms.build(name, dict_model_fn, config, _algorithm_regularizer(regularizer),
+                         **hparams)
+  return _ProcessBuilder(alg, client_dataset_fn, client_ids, model_aggregator, seed,
+                         initial_weights).build()
+
+
+def install_program_context(max_concurrent_computation_calls: int = -1,
+                            log_path: Optional[str] = None, timeout: float = 60.0) -> None:
+  """Sets a `tff.program.NativeFederatedContext` as TFF's default context (train_model needs one).
+
+  `tff.learning.programs.train_model` refuses the synchronous context `tff_context.install()`
+  sets. This one runs on the same locally owned `worker_binary` machinery (output to a log file,
+  stopped with its parent, `tff_context.stop_all()`), through TFF's asynchronous context.
+  """
+  # tff_context has no public asynchronous/program variant yet; its pieces are reused so the
+  # worker's lifecycle stays owned in one place.
+  # pylint: disable=protected-access
+  stub = tff_context._LocalStub(max_concurrent_computation_calls, log_path, timeout)
+  context = tff_context._make_context(stub, asynchronous=True)
+  # pylint: enable=protected-access
+  tff.framework.set_default_context(tff.program.NativeFederatedContext(context))
+
+
+def _constant(structure):
+  return tf.nest.map_structure(lambda x: tf.constant(np.asarray(x)), structure)
+
+
+def _float_bytes(type_spec) -> int:
+  return sum(_tensor_bytes(t) for t in _flatten_type(type_spec))
+
+
+class _ProcessBuilder:
+  """Builds the computations of one LearningProcess (kept apart from build_process's checks)."""
+
+  def __init__(self, alg, client_dataset_fn, client_ids, factory, seed, initial_weights):
+    self.alg = alg
+    self.client_dataset_fn = client_dataset_fn
+    self.client_ids = client_ids
+    self.factory = factory
+    self.weighted = isinstance(factory, tff.aggregators.WeightedAggregationFactory)
+    self.seed = int(seed)
+    self.stateful = alg.name in STATEFUL_ALGORITHMS
+    self.baseline = _update_baseline(alg)
+    weights = alg.initial_weights() if initial_weights is None else list(initial_weights)
+    if len(weights) != alg.spec.num_weights:
+      raise ValueError(f'initial_weights has {len(weights)} arrays; the model has '
+                       f'{alg.spec.num_weights} (model.weights order).')
+    self.weights = weights
+    model = alg.model_fn()
+    index = {v.ref(): i for i, v in enumerate(model.weights)}
+    self.trainable_idx = [index[v.ref()] for v in model.trainable_weights]
+    self.non_trainable_idx = [index[v.ref()] for v in model.non_trainable_weights]
+    spec = alg.spec
+    self.variance_idx = [i for i, (n, b, t) in enumerate(zip(spec.names, spec.batchnorm,
+                                                               spec.trainable))
+                         if b and not t and 'moving_variance' in n]
+
+  # ---- flat weights <-> ModelWeights ----
+  def to_model_weights(self, flat):
+    return tff.learning.models.ModelWeights(trainable=[flat[i] for i in self.trainable_idx],
+                                            non_trainable=[flat[i] for i in self.non_trainable_idx])
+
+  def from_model_weights(self, mw):
+    flat = [None] * self.alg.spec.num_weights
+    for i, w in zip(self.trainable_idx, mw.trainable):
+      flat[i] = w
+    for i, w in zip(self.non_trainable_idx, mw.non_trainable):
+      flat[i] = w
+    return flat
+
+  def build(self) -> tff.learning.templates.LearningProcess:
+    alg = self.alg
+    server_state0 = alg.initial_server_state(self.weights)
+    extras0 = collections.OrderedDict((k, v) for k, v in server_state0.items() if k != 'weights')
+    work0 = collections.OrderedDict(round=np.int64(0))
+    if self.stateful:
+      client0 = alg.initial_client_state(self.weights)
+      n = len(self.client_ids)
+      work0['states'] = tf.nest.map_structure(lambda x: np.stack([np.asarray(x)] * n), client0)
+
+    @tff.tensorflow.computation
+    def model_weights_init():
+      return self.to_model_weights(_constant(self.weights))
+
+    @tff.tensorflow.computation
+    def finalizer_init():
+      return _constant(extras0)
+
+    @tff.tensorflow.computation
+    def work_init():
+      return _constant(work0)
+
+    mw_type = model_weights_init.type_signature.result
+    extras_type = finalizer_init.type_signature.result
+    work_type = work_init.type_signature.result
+
+    def server_state(mw, extras):
+      state = dict(extras)
+      state['weights'] = self.from_model_weights(mw)
+      return state
+
+    @tff.tensorflow.computation(mw_type, extras_type, work_type)
+    def to_clients_tf(mw, extras, work):
+      out = collections.OrderedDict(broadcast=alg.broadcast(server_state(mw, extras)),
+                                    round=work['round'])
+      if self.stateful:
+        out['states'] = work['states']
+      return out
+
+    client_tf = self._client_computation(to_clients_tf.type_signature.result)
+    out_type = client_tf.type_signature.result
+
+    agg = self._aggregation_process(out_type['update'], out_type['weight'])
+    bytes_per_client = upload_bytes_per_client(agg)
+    float_bytes = _float_bytes(out_type['update'])
+
+    @tff.tensorflow.computation(mw_type, extras_type, out_type['update'], tf.float32)
+    def server_tf(mw, extras, mean_update, total_weight):
+      state = server_state(mw, extras)
+      if self.baseline is None:
+        update = mean_update
+      else:
+        update = tf.nest.map_structure(tf.add, mean_update,
+                                       self.baseline(alg.broadcast(state)))
+      # The algorithm's server step takes SUMS of weighted contributions and the summed weight.
+      summed = tf.nest.map_structure(lambda u: u * total_weight, update)
+      new_state = alg.server_step(state, summed, total_weight)
+      flat = list(new_state['weights'])
+      for i in self.variance_idx:
+        # Noise (DP) or a server learning rate > 1 can push an averaged variance below zero;
+        # a variance is never negative, and this is post-processing (no privacy cost).
+        flat[i] = tf.maximum(flat[i], 0.0)
+      extras_out = collections.OrderedDict((k, new_state[k]) for k in extras0)
+      return collections.OrderedDict(model_weights=self.to_model_weights(flat), extras=extras_out)
+
+    collect = self._state_collection(out_type, work_type, work0.get('states'))
+
+    @tff.tensorflow.computation(out_type['metrics'])
+    def metrics_tf(m):
+      ex = m['examples']
+      mean = lambda k: tf.math.divide_no_nan(m[k], ex)
+      train = collections.OrderedDict(
+          loss=mean('loss_sum'), cross_entropy=mean('ce_sum'), regularizer=mean('reg_sum'),
+          algorithm_loss=mean('extra_sum'), accuracy=mean('correct'), num_examples=ex,
+          num_steps=m['steps'], clients=m['clients'])
+      communication = collections.OrderedDict(
+          bytes_up=m['clients'] * float(bytes_per_client),
+          bytes_up_float32=m['clients'] * float(float_bytes), bytes_down=m['bytes_down'])
+      return collections.OrderedDict(train=train, communication=communication)
+
+    @tff.federated_computation
+    def init_fn():
+      return tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
+          global_model_weights=tff.federated_eval(model_weights_init, tff.SERVER),
+          distributor=tff.federated_value((), tff.SERVER),
+          client_work=tff.federated_eval(work_init, tff.SERVER),
+          aggregator=agg.initialize(),
+          finalizer=tff.federated_eval(finalizer_init, tff.SERVER)))
+
+    state_type = init_fn.type_signature.result
+
+    @tff.federated_computation(state_type, tff.FederatedType(np.str_, tff.CLIENTS))
+    def next_fn(state, client_ids):
+      to_clients = tff.federated_map(
+          to_clients_tf, (state.global_model_weights, state.finalizer, state.client_work))
+      outputs = tff.federated_map(client_tf, (tff.federated_broadcast(to_clients), client_ids))
+      if self.weighted:
+        agg_out = agg.next(state.aggregator, outputs.update, outputs.weight)
+        total = tff.federated_sum(outputs.weight)
+      else:
+        agg_out = agg.next(state.aggregator, outputs.update)
+        total = tff.federated_sum(outputs.one)
+      server_out = tff.federated_map(
+          server_tf, (state.global_model_weights, state.finalizer, agg_out.result, total))
+      new_work = collect(state.client_work, outputs)
+      reported = tff.federated_map(metrics_tf, tff.federated_sum(outputs.metrics))
+      communication = reported.communication
+      new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
+          global_model_weights=server_out.model_weights, distributor=state.distributor,
+          client_work=new_work, aggregator=agg_out.state, finalizer=server_out.extras))
+      metrics = tff.federated_zip(collections.OrderedDict(
+          distributor=collections.OrderedDict(bytes_down=communication.bytes_down),
+          client_work=collections.OrderedDict(train=reported.train),
+          aggregator=collections.OrderedDict(
+              measurements=agg_out.measurements, bytes_up=communication.bytes_up,
+              bytes_up_float32=communication.bytes_up_float32),
+          finalizer=tff.federated_value((), tff.SERVER)))
+      return tff.learning.templates.LearningProcessOutput(new_state, metrics)
+
+    member = state_type.member
+
+    @tff.tensorflow.computation(member)
+    def get_model_weights(state):
+      return state.global_model_weights
+
+    @tff.tensorflow.computation(member, member.global_model_weights)
+    def set_model_weights(state, model_weights):
+      return tff.learning.templates.LearningAlgorithmState(
+          global_model_weights=model_weights, distributor=state.distributor,
+          client_work=state.client_work, aggregator=state.aggregator, finalizer=state.finalizer)
+
+    return tff.learning.templates.LearningProcess(init_fn, next_fn, get_model_weights,
+                                                  set_model_weights)
+
+  def _client_computation(self, to_clients_type):
+    alg, ids, stateful, baseline = self.alg, self.client_ids, self.stateful, self.baseline
+    base_seed = self.seed
+    dataset_fn = self.client_dataset_fn
+
+    @tff.tensorflow.computation(to_clients_type, tf.string)
+    def client_tf(to_clients, client_id):
+      ws = Workspace(alg.model_fn, alg.num_models)
+      client_step = alg.make_client_step(ws)
+      if stateful:
+        match = tf.equal(tf.constant(ids), client_id)
+        found = tf.debugging.assert_equal(
+            tf.reduce_any(match), True,
+            message='client id not in build_process(client_ids=...): pass every client id')
+        with tf.control_dependencies([found]):
+          index = tf.argmax(tf.cast(match, tf.int32), output_type=tf.int32)
+        state = tf.nest.map_structure(lambda t: tf.gather(t, index), to_clients['states'])
+      else:
+        index = tf.constant(-1, tf.int32)
+        state = tf.constant(base.NO_CLIENT_STATE)
+      pair = tf.random.experimental.stateless_fold_in(
+          tf.stack([tf.constant(base_seed, tf.int64), to_clients['round']]),
+          tf.strings.to_hash_bucket_fast(client_id, 2**31 - 1))
+      out = client_step(to_clients['broadcast'], dataset_fn(client_id, pair[0]), state)
+      w = out.weight
+      inv = tf.math.divide_no_nan(1.0, w)
+      ref = (None if baseline is None else baseline(to_clients['broadcast']))
+      if ref is None:
+        update = tf.nest.map_structure(lambda c: c * inv, out.contribution)
+      else:
+        # A client without data (w = 0) sends a zero delta, not -x.
+        update = tf.nest.map_structure(
+            lambda c, x: tf.where(w > 0, c * inv - x, tf.zeros_like(c)), out.contribution, ref)
+      return collections.OrderedDict(update=update, weight=w, one=tf.constant(1.0), index=index,
+                                     state=out.client_state, metrics=out.metrics)
+
+    return client_tf
+
+  def _aggregation_process(self, update_type, weight_type):
+    try:
+      if self.weighted:
+        process = self.factory.create(update_type, weight_type)
+      else:
+        process = self.factory.create(update_type)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f'model_aggregator: {type(self.factory).__name__} cannot aggregate this '
+                       f"algorithm's update {update_type}: {e}") from e
+    _check_aggregator(self.alg.name, self.factory, process)
+    return process
+
+  def _state_collection(self, out_type, work_type, work0_states):
+    """fn(work_state@SERVER, client outputs@CLIENTS) -> new work state@SERVER.
+
+    The sampled clients' new states are scattered into the table (federated_aggregate whose
+    accumulator is the table and a mask of who reported), the rest keep theirs; round += 1.
+    """
+    if not self.stateful:
+      @tff.tensorflow.computation(work_type)
+      def advance(work):
+        return collections.OrderedDict(round=work['round'] + 1)
+      return lambda work, outputs: tff.federated_map(advance, work)
+
+    n = len(self.client_ids)
+
+    @tff.tensorflow.computation
+    def zero():
+      return collections.OrderedDict(
+          states=_constant(tf.nest.map_structure(np.zeros_like, work0_states)),
+          mask=tf.zeros([n], tf.float32))
+
+    acc_type = zero.type_signature.result
+    # A Python container on the type, so the body receives a dict whose state keeps its own
+    # container (tf.nest needs it to match the accumulator's).
+    item_type = tff.StructWithPythonType([('index', np.int32), ('state', out_type['state'])],
+                                         collections.OrderedDict)
+
+    @tff.tensorflow.computation(acc_type, item_type)
+    def accumulate(acc, item):
+      at = tf.reshape(item['index'], [1, 1])
+      states = tf.nest.map_structure(
+          lambda t, v: tf.tensor_scatter_nd_update(t, at, tf.expand_dims(v, 0)),
+          acc['states'], item['state'])
+      mask = tf.tensor_scatter_nd_add(acc['mask'], at, [1.0])
+      return collections.OrderedDict(states=states, mask=mask)
+
+    @tff.tensorflow.computation(acc_type, acc_type)
+    def merge(a, b):
+      return tf.nest.map_structure(tf.add, a, b)
+
+    @tff.tensorflow.computation(acc_type)
+    def report(acc):
+      return acc
+
+    @tff.tensorflow.computation(work_type, acc_type)
+    def apply(work, acc):
+      twice = tf.debugging.assert_less_equal(
+          acc['mask'], 1.0, message='a client id was sampled twice in one round')
+      with tf.control_dependencies([twice]):
+        seen = acc['mask'] > 0
+
+      def pick(new, old):
+        shape = tf.concat([[n], tf.ones([tf.rank(old) - 1], tf.int32)], 0)
+        return tf.where(tf.reshape(seen, shape), new, old)
+
+      return collections.OrderedDict(
+          round=work['round'] + 1,
+          states=tf.nest.map_structure(pick, acc['states'], work['states']))
+
+    def collect(work, outputs):
+      items = tff.federated_zip(collections.OrderedDict(index=outputs.index,
+                                                        state=outputs.state))
+      acc = tff.federated_aggregate(items, zero(), accumulate, merge, report)
+      return tff.federated_map(apply, (work, acc))
+
+    return collect
