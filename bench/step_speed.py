@@ -69,6 +69,8 @@ flags.DEFINE_bool('jit', False, 'Compile the client step with XLA (jit_compile=T
 flags.DEFINE_integer('clients', 10, 'Clients per round (mode=round).')
 flags.DEFINE_integer('round_steps', 5, 'Batches per client in the long round (mode=round).')
 flags.DEFINE_list('runtimes', ['tf', 'tff'], 'Runtimes to time (mode=round).')
+flags.DEFINE_integer('max_concurrent_computation_calls', -1,
+                     "TFF worker's concurrent computations (mode=round; -1: unlimited).")
 flags.DEFINE_float('perturbation', 1e-7, 'Size of the initial-weight change (mode=perturbation).')
 flags.DEFINE_string('suffix', '', 'Appended to the output name: step_speed[_round]_<suffix>.json.')
 
@@ -234,8 +236,9 @@ def run_step_mode():
         'floor_ratio_cpu': ratio_cpu, 'floor_ratio_wall': ratio_wall,
         'limit_ratio_cpu': med['client_step'][0] / limit_cpu,
         'loadavg_start_end': [load0[0], os.getloadavg()[0]]}
-    line = (f'{name}: client step {med["client_step"][0]:.3f} CPU-s {med["client_step"][1]:.3f} '
-            f'wall-s/step; TF floor {med["tf_floor"][0]:.3f} CPU-s {med["tf_floor"][1]:.3f} wall-s; '
+    client, floor = med['client_step'], med['tf_floor']
+    line = (f'{name}: client step {client[0]:.3f} CPU-s {client[1]:.3f} wall-s/step; '
+            f'TF floor {floor[0]:.3f} CPU-s {floor[1]:.3f} wall-s; '
             f'compute limit {limit_cpu:.3f} CPU-s (x{med["client_step"][0] / limit_cpu:.2f}); '
             f'load {load0[0]:.2f}; wall ratio {ratio_wall:.2f}; floor ratio {ratio_cpu:.2f}')
     lines.append(line)
@@ -262,14 +265,16 @@ def run_round_mode():
   from tff_decorr.runtimes import tf_runtime  # pylint: disable=g-import-not-at-top
   from tff_decorr.runtimes import tff_runtime  # pylint: disable=g-import-not-at-top
   if 'tff' in FLAGS.runtimes:
-    tff_context.install()
+    tff_context.install(max_concurrent_computation_calls=FLAGS.max_concurrent_computation_calls)
   results, lines = {'models': {}}, []
   s_long = FLAGS.round_steps
   for name in FLAGS.models:
     load0 = os.getloadavg()
     alg = _algorithm(name)
     runners = {}
-    for rt_name in FLAGS.runtimes:
+    # TFF's computations first: tracing them after the in-process runtime built its Keras models
+    # fails in Keras ("invalid state"), as in tests/runtimes_test.py's order.
+    for rt_name in sorted(FLAGS.runtimes, key=lambda r: r != 'tff'):
       for steps in (1, s_long):
         fn = _round_dataset_fn(name, steps)
         rt = (tf_runtime.TfRuntime(alg, fn) if rt_name == 'tf'
@@ -324,6 +329,13 @@ def run_round_mode():
   return results, lines
 
 
+def _perturbation_trainer(ws, dataset, config, reg, x_test):
+  @tf.function
+  def train(start, k):
+    client_update.local_train(ws, start, dataset.take(k), config, reg)
+    return list(ws.weights), ws.model(x_test, training=False)['logits']
+  return train
+
 def run_perturbation_mode():
   from tasks import registry  # pylint: disable=g-import-not-at-top
   task = registry.get('digits')
@@ -342,12 +354,7 @@ def run_perturbation_mode():
   results, lines = {'perturbation': FLAGS.perturbation, 'steps': list(checkpoints)}, []
   for reg_name in ('none', 'feddecorr'):
     reg = regularizers.get('feddecorr', beta=0.1) if reg_name == 'feddecorr' else None
-    ws = client_update.Workspace(model_fn)
-
-    @tf.function
-    def train(start, k, reg=reg, ws=ws):
-      out = client_update.local_train(ws, start, dataset.take(k), config, reg)
-      return out.weights, ws.model(x_te, training=False)['logits']
+    train = _perturbation_trainer(client_update.Workspace(model_fn), dataset, config, reg, x_te)
 
     rows = []
     for k in checkpoints:
@@ -376,7 +383,7 @@ def main(argv):
       command=' '.join(['.venv/bin/python -m bench.step_speed'] + sys.argv[1:]),
       settings={k: FLAGS[k].value for k in ('mode', 'models', 'batch_size', 'steps', 'repeats',
                                             'beta', 'jit', 'clients', 'round_steps',
-                                            'runtimes')},
+                                            'runtimes', 'max_concurrent_computation_calls')},
       summary=lines, machine=_machine(load_start))
   name = 'step_speed' + (f'_{FLAGS.mode}' if FLAGS.mode != 'step' else '')
   name += f'_{FLAGS.suffix}' if FLAGS.suffix else ''

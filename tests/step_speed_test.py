@@ -60,9 +60,11 @@ class StepSpeedTest(tf.test.TestCase):
   def test_tf_runtime_loop_is_not_a_dataset_reduce(self):
     alg = _algorithm(testing.feddecorr(0.1))
     rt = tf_runtime.TfRuntime(alg, testing.make_client_dataset_fn(testing.synthetic_clients()))
-    broadcast = rt._broadcast(tf.nest.map_structure(tf.constant, rt.initialize()))  # pylint: disable=protected-access
-    concrete = rt._step_from_id.get_concrete_function(  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    broadcast = rt._broadcast(tf.nest.map_structure(tf.constant, rt.initialize()))
+    concrete = rt._step_from_id.get_concrete_function(
         broadcast, tf.constant('0'), tf.constant(0, tf.int64), tf.constant(0))
+    # pylint: enable=protected-access
     ops = _op_types(concrete.graph.as_graph_def())
     self.assertEmpty(ops & _DATASET_SCANS)
     self.assertIn('IteratorGetNextAsOptional', ops)

@@ -10,7 +10,7 @@ an AVX2 CPU its own backward convolutions made a ResNet20 client step 1.4x slowe
 variable is read once, when TensorFlow starts, so it must be in the environment before the import;
 TFF's `worker_binary` (a separate, statically linked TensorFlow) reads it from its own environment,
 which `tff_context.WorkerProcess` builds with `worker_environment()`. oneDNN changes float
-rounding (docs/benchmarks.md §6). `TF_ENABLE_ONEDNN_OPTS=0` in the environment keeps it off.
+rounding (docs/benchmarks.md §7). `TF_ENABLE_ONEDNN_OPTS=0` in the environment keeps it off.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ class WorkerProcess:
     args = [worker_binary_path(), f'--port={self.port}',
             f'--max_concurrent_computation_calls={max_concurrent_computation_calls}']
     # The worker's own TensorFlow reads TF_ENABLE_ONEDNN_OPTS at start-up (tf_env: on unless the
-    # user set it; docs/benchmarks.md §6 verifies that the worker honours it).
+    # user set it; docs/benchmarks.md §7 verifies that the worker honours it).
     self.process = subprocess.Popen(
         args, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
         preexec_fn=_die_with_parent, close_fds=True, env=tf_env.worker_environment())
