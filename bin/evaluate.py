@@ -147,4 +147,4 @@ def _main() -> int:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags_or_exit('evaluate'))

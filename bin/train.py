@@ -144,4 +144,4 @@ def run(fv: flags.FlagValues) -> int:
 define_flags()
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags_or_exit('train'))

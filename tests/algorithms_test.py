@@ -17,23 +17,25 @@ from tff_decorr.runtimes import tf_runtime
 
 DATA = testing.synthetic_clients()  # sizes 10, 6, 14, 8 -> 3, 2, 4, 2 batches of 4
 SIZES = [len(d[1]) for d in DATA]
-CFG = algorithms.ClientConfig(local_epochs=2, lr=0.05, momentum=0.9, weight_decay=1e-3)
+CFG = algorithms.ClientConfig(lr=0.05, momentum=0.9, weight_decay=1e-3)
+EPOCHS = 2  # Local epochs: part of each client's dataset.
 _RUNTIMES = {}
 
 
-def runtime(alg, shuffle=False):
-  key = (id(alg), shuffle)
+def runtime(alg, shuffle=False, epochs=EPOCHS):
+  key = (id(alg), shuffle, epochs)
   if key not in _RUNTIMES:
     _RUNTIMES[key] = (alg, tf_runtime.TfRuntime(
-        alg, testing.make_client_dataset_fn(DATA, shuffle=shuffle)))
+        alg, testing.make_client_dataset_fn(DATA, shuffle=shuffle, epochs=epochs)))
   return _RUNTIMES[key][1]
 
 
-def run(alg, state, clients, client_states=None, seed=0, shuffle=False):
+def run(alg, state, clients, client_states=None, seed=0, shuffle=False, epochs=EPOCHS):
   if client_states is None:
     init = alg.initial_client_state(alg.initial_weights())
     client_states = [init] * len(clients)
-  return runtime(alg, shuffle).run_round(state, [(c, seed) for c in clients], client_states)
+  return runtime(alg, shuffle, epochs).run_round(state, [(c, seed) for c in clients],
+                                                 client_states)
 
 
 def assert_lists_close(test, a, b, atol=1e-6, rtol=1e-5):
@@ -54,9 +56,9 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     cls.y = {c: run(cls.fedavg, cls.s0, [c])[0]['weights'] for c in '0123'}
 
   def test_fedavg_one_client_equals_hand_written_torch_style_sgd(self):
-    cfg = algorithms.ClientConfig(local_epochs=1, lr=0.1, momentum=0.9, weight_decay=1e-2)
+    cfg = algorithms.ClientConfig(lr=0.1, momentum=0.9, weight_decay=1e-2)
     alg = algorithms.build('fedavg', testing.tiny_model, cfg)
-    got = run(alg, alg.initial_server_state(self.x0), ['2'])[0]['weights']
+    got = run(alg, alg.initial_server_state(self.x0), ['2'], epochs=1)[0]['weights']
     # Independent loop: Keras gradients, NumPy update rule of torch.optim.SGD.
     model = testing.tiny_model()
     model.set_weights(self.x0)
@@ -188,7 +190,7 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     # One batch per client (batch 16 >= every client's size), one epoch: the algorithm term of the
     # only step is mu * l_con at the start weights, recomputed here in NumPy from the three models'
     # representations (local in training mode, global and previous in inference mode).
-    cfg = algorithms.ClientConfig(local_epochs=1, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    cfg = algorithms.ClientConfig(lr=0.05, momentum=0.9, weight_decay=1e-3)
     mu = 0.7
     alg = algorithms.build('moon', testing.tiny_model, cfg, mu=mu, temperature=temperature)
     rt = tf_runtime.TfRuntime(alg, testing.make_client_dataset_fn(DATA, batch_size=16))
@@ -384,7 +386,7 @@ class ConvexTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(('momentum_0.9', 0.9, 0.1), ('momentum_0', 0.0, 0.5))
   def test_scaffold_reaches_the_optimum_with_bounded_control_variates(self, momentum, lr):
-    cfg = algorithms.ClientConfig(local_epochs=1, lr=lr, momentum=momentum, weight_decay=self.WD)
+    cfg = algorithms.ClientConfig(lr=lr, momentum=momentum, weight_decay=self.WD)
     _, fedavg_gap, _, _ = self.train('fedavg', cfg)
     theta, gap, states, norms = self.train('scaffold', cfg, num_clients=2)
     # FedAvg stalls at a drifted point (the problem is heterogeneous enough to show it) ...

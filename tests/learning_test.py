@@ -83,7 +83,7 @@ class WrapperTest(tf.test.TestCase):
     fn = FN
     # Project: FedAvg + FedDecorr, plain SGD (momentum 0, weight decay 0), in-process runtime.
     alg = algorithms.build('fedavg', dict_model,
-                           algorithms.ClientConfig(local_epochs=1, lr=lr, momentum=0.0,
+                           algorithms.ClientConfig(lr=lr, momentum=0.0,
                                                    weight_decay=0.0),
                            regularizer=regularizers.get('feddecorr', beta=beta))
     runtime = tf_runtime.TfRuntime(alg, fn)
@@ -155,7 +155,7 @@ def base_state():
 
 
 BN_MODEL = functools.partial(testing.tiny_model, representation_dim=8)
-CFG = algorithms.ClientConfig(local_epochs=2, lr=0.02, momentum=0.9, weight_decay=1e-3)
+CFG = algorithms.ClientConfig(lr=0.02, momentum=0.9, weight_decay=1e-3)
 
 
 def wide_model(seed: int = 0) -> tf.keras.Model:

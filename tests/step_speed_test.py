@@ -28,7 +28,7 @@ from tff_decorr.algorithms import testing
 from tff_decorr.runtimes import tf_runtime
 from tff_decorr.runtimes import tff_runtime
 
-_CFG = algorithms.ClientConfig(local_epochs=2, lr=0.02, momentum=0.9, weight_decay=1e-3)
+_CFG = algorithms.ClientConfig(lr=0.02, momentum=0.9, weight_decay=1e-3)
 _DATASET_SCANS = {'ReduceDataset', 'ScanDataset'}
 
 
@@ -80,8 +80,8 @@ class StepSpeedTest(tf.test.TestCase):
 
   def test_compiled_loop_matches_eager_execution(self):
     data = testing.synthetic_clients()
-    dataset = testing.make_client_dataset_fn(data, shuffle=True)(tf.constant('2'),
-                                                                 tf.constant(5, tf.int64))
+    dataset = testing.make_client_dataset_fn(data, shuffle=True, epochs=2)(
+        tf.constant('2'), tf.constant(5, tf.int64))
     for regularizer in (None, testing.feddecorr(0.1)):
       model_fn = functools.partial(testing.tiny_model, representation_dim=8)
       start = [v.numpy() for v in model_fn().weights]

@@ -31,6 +31,21 @@ def quiet_logging() -> None:
   tf.get_logger().setLevel('ERROR')
 
 
+def parse_flags_or_exit(prog: str):
+  """An absl `flags_parser` for app.run: a bad flag value (an unknown --task or --algorithm, a
+  number that is not one) is one line and exit code 2, like every other usage error (absl's own
+  parser prints "FATAL Flags parsing error" and exits 1)."""
+  import sys  # pylint: disable=g-import-not-at-top
+
+  def parse(argv):
+    try:
+      return flags.FLAGS(argv)
+    except flags.Error as e:
+      print(f'{prog}: error: {e}', file=sys.stderr, flush=True)
+      sys.exit(EXIT_USAGE)
+  return parse
+
+
 def ensure_writable_dir(path: str) -> str:
   """Creates `path` if needed and checks a file can be written there, before any long work, so
   a read-only or full output location fails at once (as an OSError for run_guarded)."""

@@ -44,7 +44,7 @@ class Experiment:
     self.regularizer = regularizers.get(c.regularizer, c.component_hparams('regularizer'))
     # Local epochs live in the client dataset (tasks.client_data): each epoch's order is a stateless
     # function of (seed, epoch), identical in both runtimes, so the update loop makes one pass.
-    client_config = ClientConfig(local_epochs=1, lr=float(c.client_lr),
+    client_config = ClientConfig(lr=float(c.client_lr),
                                  momentum=float(c.momentum), weight_decay=float(c.weight_decay))
     tf.keras.utils.set_random_seed(c.seed)  # The initial global model depends only on the seed.
     self.algorithm = algorithms.build(c.algorithm, self.model_fn, client_config, self.regularizer,

@@ -542,7 +542,8 @@ def build_process(name: str, model_fn: Callable[[], tf.keras.Model],
     model_fn: no-arg callable returning a Keras model: the project's dict outputs, or one output
       (logits) with `representation_layer`.
     client_dataset_fn: (client_id tf.string, seed tf.int64) -> batched (x, y) dataset.
-    config: local SGD (ClientConfig: local_epochs, lr, momentum, weight_decay).
+    config: local SGD (ClientConfig: lr, momentum, weight_decay; local epochs are
+      part of the client dataset).
     regularizer: name in regularizers.names() (default coefficients), a
       `regularizers.get(name, beta=...)`, a callable, or None.
     client_ids: every client id. Required for fedbn, moon and scaffold (their per-client state).

@@ -49,7 +49,7 @@ class Algorithm:
   HParams = hparams_lib.NoHParams
 
   def __init__(self, model_fn: Callable[[], tf.keras.Model], config: ClientConfig = ClientConfig(),
-               regularizer: Optional[client_update.Regularizer] = None,
+               regularizer: Optional[client_update.RegularizerFn] = None,
                hparams: Optional[hparams_lib.HParams] = None, *,
                num_clients: Optional[int] = None):
     if not callable(model_fn):

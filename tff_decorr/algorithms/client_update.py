@@ -1,7 +1,9 @@
 """The one local-training loop shared by every algorithm.
 
 Every federated algorithm in this package trains a client the same way: start from weights given by
-the algorithm, run `local_epochs` passes of SGD over the client's dataset, return the new weights.
+the algorithm, make one pass of SGD over the client's dataset, return the new weights. The dataset
+holds all local epochs (tasks/client_data.py: each epoch in its own stateless order), so a round's
+local training is one pass over it and its order is the same in both runtimes.
 The algorithms differ only through two hooks (an extra loss term and a gradient correction), so the
 optimiser, the loss and the metrics exist once.
 
@@ -22,11 +24,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, List, NamedTuple, Optional, Sequence
 
-import numpy as np
 import tensorflow as tf
 
-# (representation, logits) -> scalar, already multiplied by its coefficient.
-Regularizer = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+from tff_decorr import models
+
+# (representation, logits) -> scalar, already multiplied by its coefficient (what
+# regularizers.Regularizer objects are; any such callable works).
+RegularizerFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 # (model outputs dict, images, labels) -> scalar added to the loss inside the gradient tape.
 ExtraLoss = Callable[[dict, tf.Tensor, tf.Tensor], tf.Tensor]
 # list of gradients (one per trainable variable, None allowed) -> corrected list.
@@ -38,14 +42,11 @@ METRIC_NAMES = ('loss_sum', 'ce_sum', 'reg_sum', 'extra_sum', 'correct', 'exampl
 @dataclasses.dataclass(frozen=True)
 class ClientConfig:
   """Local optimisation hyper-parameters (the reference's per-client SGD)."""
-  local_epochs: int = 1
   lr: float = 0.01
   momentum: float = 0.9
   weight_decay: float = 1e-5
 
   def __post_init__(self):
-    if not isinstance(self.local_epochs, (int, np.integer)) or self.local_epochs < 1:
-      raise ValueError(f'local_epochs must be an integer >= 1, got {self.local_epochs!r}.')
     if not self.lr > 0:
       raise ValueError(f'lr must be > 0, got {self.lr!r}.')
     if not 0 <= self.momentum < 1:
@@ -67,26 +68,13 @@ class ModelSpec:
   def num_weights(self) -> int:
     return len(self.names)
 
-  def select(self, values: Sequence, mask: Sequence[bool]) -> list:
-    return [v for v, m in zip(values, mask) if m]
-
-  def trainable_indices(self) -> list:
-    return [i for i, t in enumerate(self.trainable) if t]
-
-  def num_params(self, mask: Optional[Sequence[bool]] = None) -> int:
-    mask = mask or [True] * self.num_weights
-    return int(sum(int(np.prod(s)) for s, m in zip(self.shapes, mask) if m))
 
 
 def _masks(model: tf.keras.Model):
   weights = list(model.weights)
   trainable_refs = {v.ref() for v in model.trainable_weights}
-  bn_refs = set()
-  for layer in model.submodules:
-    if isinstance(layer, tf.keras.layers.BatchNormalization):
-      bn_refs |= {v.ref() for v in layer.weights}
   return (weights, tuple(v.ref() in trainable_refs for v in weights),
-          tuple(v.ref() in bn_refs for v in weights))
+          tuple(models.bn_variable_mask(model)))
 
 
 def model_spec(model: tf.keras.Model) -> ModelSpec:
@@ -135,13 +123,13 @@ def effective_steps(num_steps: tf.Tensor, momentum: float) -> tf.Tensor:
 
 class LocalResult(NamedTuple):
   weights: list  # new flat weights, model.weights order
-  num_examples: tf.Tensor  # float32: examples in ONE epoch (the client's dataset size)
+  num_examples: tf.Tensor  # float32: examples trained on (all local epochs of the dataset)
   num_steps: tf.Tensor  # int32: local SGD steps over all epochs
   metrics: dict  # sums over all local steps, see METRIC_NAMES
 
 
 def local_train(ws: Workspace, start_weights: Sequence[tf.Tensor], dataset: tf.data.Dataset,
-                config: ClientConfig, regularizer: Optional[Regularizer] = None,
+                config: ClientConfig, regularizer: Optional[RegularizerFn] = None,
                 extra_loss: Optional[ExtraLoss] = None,
                 grad_correction: Optional[GradCorrection] = None) -> LocalResult:
   """Local SGD exactly as the reference's client (call inside a tf.function).
@@ -192,22 +180,21 @@ def local_train(ws: Workspace, start_weights: Sequence[tf.Tensor], dataset: tf.d
 
   loss_sum, ce_sum, reg_sum, extra_sum, correct, examples = zero, zero, zero, zero, zero, zero
   steps = tf.constant(0, tf.int32)
-  for _ in tf.range(config.local_epochs):
-    # `iter()`: AutoGraph turns `for x in dataset` into a dataset reduce (ReduceDataset over a
-    # ScanDataset), which runs forward, backward and update inside tf.data: the step function is
-    # re-instantiated on every call and gets less intra-op parallelism (issue 18: ResNet20 0.74 ->
-    # 0.66 CPU-s/step from this alone). Iterating an iterator becomes a while loop over
-    # `get_next_as_optional` in this function's own graph, under both runtimes.
-    for images, labels in iter(dataset):
-      d_loss, d_ce, d_reg, d_extra, d_correct, bs = train_step(images, labels)
-      loss_sum += d_loss
-      ce_sum += d_ce
-      reg_sum += d_reg
-      extra_sum += d_extra
-      correct += d_correct
-      examples += bs
-      steps += 1
-  num_examples = examples / tf.cast(config.local_epochs, tf.float32)
+  # `iter()`: AutoGraph turns `for x in dataset` into a dataset reduce (ReduceDataset over a
+  # ScanDataset), which runs forward, backward and update inside tf.data: the step function is
+  # re-instantiated on every call and gets less intra-op parallelism (issue 18: ResNet20 0.74 ->
+  # 0.66 CPU-s/step from this alone). Iterating an iterator becomes a while loop over
+  # `get_next_as_optional` in this function's own graph, under both runtimes.
+  for images, labels in iter(dataset):
+    d_loss, d_ce, d_reg, d_extra, d_correct, bs = train_step(images, labels)
+    loss_sum += d_loss
+    ce_sum += d_ce
+    reg_sum += d_reg
+    extra_sum += d_extra
+    correct += d_correct
+    examples += bs
+    steps += 1
+  num_examples = examples
   metrics = dict(loss_sum=loss_sum, ce_sum=ce_sum, reg_sum=reg_sum, extra_sum=extra_sum,
                  correct=correct, examples=examples, steps=tf.cast(steps, tf.float32))
   return LocalResult([tf.identity(v) for v in ws.weights], num_examples, steps, metrics)

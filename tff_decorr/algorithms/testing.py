@@ -43,8 +43,9 @@ def synthetic_clients(sizes: Sequence[int] = (10, 6, 14, 8), seed: int = 0):
   return data
 
 
-def make_client_dataset_fn(data, batch_size: int = 4, shuffle: bool = False):
-  """(client_id: tf.string holding an integer index, seed: tf.int64) -> batched dataset."""
+def make_client_dataset_fn(data, batch_size: int = 4, shuffle: bool = False, epochs: int = 1):
+  """(client_id: tf.string holding an integer index, seed: tf.int64) -> batched dataset holding
+  `epochs` passes (local epochs live in the dataset, as in tasks/client_data.py)."""
   # NumPy here, tensors inside fn: fn may run in a graph (TFF) or eagerly (TF runtime).
   all_images = np.concatenate([d[0] for d in data])
   all_labels = np.concatenate([d[1] for d in data])
@@ -63,7 +64,7 @@ def make_client_dataset_fn(data, batch_size: int = 4, shuffle: bool = False):
       noise = tf.random.stateless_uniform(tf.reshape(size, [1]), seed=tf.stack([seed, i]))
       perm = tf.argsort(noise)
       x, y = tf.gather(x, perm), tf.gather(y, perm)
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size).repeat(epochs)
 
   return fn
 
