@@ -55,6 +55,7 @@ from tff_decorr import algorithms
 from tff_decorr import models
 from tff_decorr import regularizers
 from tff_decorr.algorithms import client_update
+from tff_decorr.algorithms import workspace
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum('mode', 'step', ['step', 'round', 'perturbation'],
@@ -141,7 +142,7 @@ class _ClientStep:
 
   def __init__(self, name, steps):
     self.alg = _algorithm(name)
-    self.ws = client_update.Workspace(self.alg.model_fn, self.alg.num_models)
+    self.ws = workspace.Workspace(self.alg.model_fn, self.alg.num_models)
     step = self.alg.make_client_step(self.ws)
     if FLAGS.jit:
       step = tf.function(step.python_function, jit_compile=True)
@@ -354,7 +355,7 @@ def run_perturbation_mode():
   results, lines = {'perturbation': FLAGS.perturbation, 'steps': list(checkpoints)}, []
   for reg_name in ('none', 'feddecorr'):
     reg = regularizers.get('feddecorr', beta=0.1) if reg_name == 'feddecorr' else None
-    train = _perturbation_trainer(client_update.Workspace(model_fn), dataset, config, reg, x_te)
+    train = _perturbation_trainer(workspace.Workspace(model_fn), dataset, config, reg, x_te)
 
     rows = []
     for k in checkpoints:

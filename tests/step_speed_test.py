@@ -24,6 +24,7 @@ from tff_decorr import models
 from tff_decorr import tf_env
 from tff_decorr import tff_context
 from tff_decorr.algorithms import client_update
+from tff_decorr.algorithms import workspace
 from tff_decorr.algorithms import testing
 from tff_decorr.runtimes import tf_runtime
 from tff_decorr.runtimes import tff_runtime
@@ -87,7 +88,7 @@ class StepSpeedTest(tf.test.TestCase):
       start = [v.numpy() for v in model_fn().weights]
       results = []
       for compiled in (False, True):
-        ws = client_update.Workspace(model_fn)
+        ws = workspace.Workspace(model_fn)
         train = functools.partial(client_update.local_train, ws, start, dataset, _CFG, regularizer)
         results.append(tf.function(train)() if compiled else train())
       eager, graph = results
@@ -102,7 +103,7 @@ class StepSpeedTest(tf.test.TestCase):
     # AlexNet-BN (4096-d BatchNorm): grappler's gradient accumulators once outlived a call of a
     # loop that ran the step inline, and the second call failed with AlreadyExistsError.
     model_fn = lambda: models.build('alexnet_bn', num_classes=10, input_shape=(64, 64, 3))
-    ws = client_update.Workspace(model_fn)
+    ws = workspace.Workspace(model_fn)
     start = [v.numpy() for v in ws.weights]
     rng = np.random.RandomState(0)
     dataset = tf.data.Dataset.from_tensor_slices(

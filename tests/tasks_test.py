@@ -289,7 +289,7 @@ class FedUvBatchesTest(absltest.TestCase):
                        (one_epoch + ([n % b] if n % b else [])) * 2, (cid, n))
 
   def test_feduv_client_smaller_than_a_batch_has_weight_zero(self):
-    from tff_decorr.algorithms.client_update import Workspace  # pylint: disable=g-import-not-at-top
+    from tff_decorr.algorithms.workspace import Workspace  # pylint: disable=g-import-not-at-top
     exp = self.exps['feduv']
     alg = exp.algorithm
     step = alg.make_client_step(Workspace(alg.model_fn, alg.num_models))

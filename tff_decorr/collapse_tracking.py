@@ -56,7 +56,7 @@ class LocalModels:
   def __init__(self, exp, evaluator, test_dataset, clients, rounds, track: bool = False,
                max_examples: Optional[int] = 10000):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from tff_decorr.algorithms.client_update import Workspace  # pylint: disable=g-import-not-at-top
+    from tff_decorr.algorithms.workspace import Workspace  # pylint: disable=g-import-not-at-top
     self.exp, self.evaluator, self.test_dataset = exp, evaluator, test_dataset
     self.clients = {str(c) for c in clients}
     self.rounds = set(int(r) for r in rounds)

@@ -47,7 +47,8 @@ from tff_decorr.algorithms import fedavg
 from tff_decorr.algorithms import fedbn
 from tff_decorr.algorithms import fednova
 from tff_decorr.algorithms import scaffold
-from tff_decorr.algorithms.client_update import ClientConfig, Workspace
+from tff_decorr.algorithms.client_update import ClientConfig
+from tff_decorr.algorithms.workspace import Workspace
 
 PROCESS_ALGORITHMS = ('fedavg', 'fedprox', 'fedavgm', 'fedbn', 'moon', 'scaffold', 'fednova')
 # Algorithms whose client keeps state between rounds (held by the server here, see module doc).

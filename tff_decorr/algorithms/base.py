@@ -21,7 +21,9 @@ import tensorflow as tf
 
 from tff_decorr import hparams as hparams_lib
 from tff_decorr.algorithms import client_update
-from tff_decorr.algorithms.client_update import ClientConfig, ModelSpec, Workspace
+from tff_decorr.algorithms import workspace
+from tff_decorr.algorithms.client_update import ClientConfig
+from tff_decorr.algorithms.workspace import ModelSpec, Workspace
 
 NO_CLIENT_STATE = np.int32(0)
 
@@ -68,7 +70,7 @@ class Algorithm:
     self.hparams = hparams
     self.num_clients = num_clients  # Total clients N; only SCAFFOLD needs it.
     model = model_fn()
-    self.spec: ModelSpec = client_update.model_spec(model)
+    self.spec: ModelSpec = workspace.model_spec(model)
     self._initial_weights = [v.numpy() for v in model.weights]
 
   # ---- state ----

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from tff_decorr import hparams
 from tff_decorr.algorithms import base, fedavg
-from tff_decorr.algorithms.client_update import Workspace
+from tff_decorr.algorithms.workspace import Workspace
 
 
 @dataclasses.dataclass(frozen=True)

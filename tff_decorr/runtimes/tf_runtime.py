@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_decorr.algorithms import base
-from tff_decorr.algorithms.client_update import Workspace
+from tff_decorr.algorithms.workspace import Workspace
 
 ClientDatasetFn = Callable[[tf.Tensor, tf.Tensor], tf.data.Dataset]
 

@@ -23,7 +23,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_decorr.algorithms import base
-from tff_decorr.algorithms.client_update import Workspace
+from tff_decorr.algorithms.workspace import Workspace
 
 CLIENT_INPUT_TYPE = tff.StructType([('client_id', np.str_), ('seed', np.int64)])
 
