@@ -330,7 +330,8 @@ def make(**values) -> Config:
   if values:
     raise ValueError(f'make: unknown setting(s) {", ".join(sorted(values))}; give generic fields '
                      'or component settings by flag name (e.g. dirichlet_alpha).')
-  regularizer = generic.pop('regularizer', task.defaults.get('regularizer', Config.regularizer))
+  # One Config: a task's list of regularisers (digits: 'none,feddecorr') is bin/train's business.
+  regularizer = generic.pop('regularizer', Config.regularizer)
   output_dir = generic.pop('output_dir', '')
   c = resolve(task, generic, components, {}, [regularizer], warn=lambda s: None)[0]
   c.output_dir = output_dir
