@@ -13,13 +13,13 @@ GOLDEN = [
     ({}, ['digits-fedavg-none-c912a466', 'digits-fedavg-feddecorr-39976aa0']),
     (dict(task='cifar10', algorithm='moon', regularizer='feddecorr'),
      ['cifar10-moon-feddecorr-a8536435']),
-    (dict(task='digits', algorithm='fedavgm', alpha='0.1', fedavgm_form='tff', server_lr='0.5',
+    (dict(task='digits', algorithm='fedavgm', alpha=0.1, fedavgm_form='tff', server_lr=0.5,
           regularizer='none'), ['digits-fedavgm-none-8bb3ed3b']),
-    (dict(task='cifar100', algorithm='fedprox', mu='0.01', regularizer='feduv', feduv_mu=0.3),
+    (dict(task='cifar100', algorithm='fedprox', mu=0.01, regularizer='feduv', feduv_mu=0.3),
      ['cifar100-fedprox-feduv-a1775d8c']),
-    (dict(task='digits', algorithm='scaffold', partition='pathological', classes_per_client='3',
-          regularizer='decov', beta='0.2'), ['digits-scaffold-decov-b770eed5']),
-    (dict(task='digits', algorithm='fedavg_decomposed', decomposed=True, coefficient_period='0',
+    (dict(task='digits', algorithm='scaffold', partition='pathological', classes_per_client=3,
+          regularizer='decov', beta=0.2), ['digits-scaffold-decov-b770eed5']),
+    (dict(task='digits', algorithm='fedavg_decomposed', decomposed=True, coefficient_period=0,
           regularizer='feddecorr'), ['digits-fedavg_decomposed-feddecorr-8d1eda28']),
     # The new spellings of the same settings name the same run.
     (dict(task='digits', algorithm='fedavgm', dirichlet_alpha=0.1, fedavgm_form='tff',
@@ -59,8 +59,8 @@ class ConfigTest(absltest.TestCase):
                                    'dirichlet': {'alpha': 0.5}})
 
   def test_old_spellings_are_aliases(self):
-    (old,) = resolve(algorithm='moon', mu='0.7', temperature='0.2', regularizer='feddecorr',
-                     beta='0.3', alpha='0.2')
+    (old,) = resolve(algorithm='moon', mu=0.7, temperature=0.2, regularizer='feddecorr',
+                     beta=0.3, alpha=0.2)
     (new,) = resolve(algorithm='moon', moon_mu=0.7, moon_temperature=0.2,
                      regularizer='feddecorr', feddecorr_beta=0.3, dirichlet_alpha=0.2)
     self.assertEqual(old.hparams, new.hparams)
@@ -73,8 +73,12 @@ class ConfigTest(absltest.TestCase):
       resolve(dirichlet_alpha=0.0)
     with self.assertRaisesRegex(ValueError, '--fedavgm_server_lr applies only'):
       resolve(algorithm='fedavgm', fedavgm_server_lr=0.5)
-    # alpha = inf is the IID limit of the Dirichlet partition.
+    # alpha = inf is the IID limit of the Dirichlet partition, in both spellings.
     (c,) = resolve(regularizer='none', dirichlet_alpha=float('inf'))
+    self.assertEqual(c.hparams['dirichlet']['alpha'], float('inf'))
+    with flagsaver.flagsaver():
+      train.FLAGS(['train', '--alpha=inf', '--regularizer=none'])
+      (c,) = train.resolve_configs(train.FLAGS)
     self.assertEqual(c.hparams['dirichlet']['alpha'], float('inf'))
 
   def test_make_builds_without_flags(self):

@@ -157,7 +157,9 @@ def define_component_flags(fv) -> None:
           flags.DEFINE_string(spec.name, None, text, flag_values=fv)
   for old, targets in config.LEGACY_ALIASES.items():
     new = ' / '.join('--' + t.replace('.', '_') for t in targets)
-    flags.DEFINE_string(old, None, f'Deprecated, use {new}.', flag_values=fv)
+    # The old flags' own types (integers for the two counts), so old values keep their type.
+    define = flags.DEFINE_integer if old in config.LEGACY_INTEGERS else flags.DEFINE_float
+    define(old, None, f'Deprecated, use {new}.', flag_values=fv)
 
 
 def resolve_configs(fv) -> list:
@@ -178,14 +180,7 @@ def resolve_configs(fv) -> list:
     for name in registry.names():
       for spec in hparams.flag_specs(registry.hparams_class(name)):
         components.setdefault(name, {})[spec.field] = fv[spec.name].value
-  legacy = {}
-  for old in config.LEGACY_ALIASES:
-    value = fv[old].value
-    if value is not None:
-      try:
-        legacy[old] = float(value) if '.' in value or 'e' in value.lower() else int(value)
-      except ValueError:
-        raise ValueError(f'--{old}: must be a number, got {value!r}.') from None
+  legacy = {old: fv[old].value for old in config.LEGACY_ALIASES if fv[old].value is not None}
   regs = fv.regularizer or task.defaults.get('regularizer', 'feddecorr')
   reg_list = [r.strip() for r in str(regs).split(',') if r.strip()]
   configs = config.resolve(task, generic, components, legacy, reg_list,

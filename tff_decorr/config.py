@@ -35,6 +35,7 @@ LEGACY_ALIASES: Dict[str, Tuple[str, ...]] = {
     'alpha': ('dirichlet.alpha',),
     'classes_per_client': ('pathological.classes_per_client',),
 }
+LEGACY_INTEGERS = frozenset({'coefficient_period', 'classes_per_client'})
 # Old config.json keys that the component flags kept (same spelling, now a component setting).
 _LEGACY_SAME = {'fedavgm_form': 'fedavgm.form', 'feduv_lambda': 'feduv.lam',
                 'feduv_mu': 'feduv.mu'}
