@@ -27,6 +27,7 @@ from tff_decorr.runtimes import tf_runtime
 DATA = testing.synthetic_clients(sizes=(10, 6, 14))
 CLIENTS = ['0', '1', '2']
 FN = testing.make_client_dataset_fn(DATA, batch_size=4)
+FN2 = testing.make_client_dataset_fn(DATA, batch_size=4, epochs=2)  # 2 local epochs
 INPUT_SPEC = (tf.TensorSpec([None] + list(testing.INPUT_SHAPE), tf.float32),
               tf.TensorSpec([None], tf.int32))
 
@@ -180,10 +181,10 @@ class ProcessAggregationTest(tf.test.TestCase):
     super().setUpClass()
     tff_context.install()
     cls.alg = algorithms.build('fedavg', BN_MODEL, CFG, regularizer=regularizers.get('feddecorr'))
-    cls.runtime = tf_runtime.TfRuntime(cls.alg, FN)
+    cls.runtime = tf_runtime.TfRuntime(cls.alg, FN2)
 
   def _process_weights(self, factory, rounds):
-    process = learning.build_process('fedavg', BN_MODEL, FN, config=CFG,
+    process = learning.build_process('fedavg', BN_MODEL, FN2, config=CFG,
                                      model_aggregator=factory)
     state = process.initialize()
     for clients in rounds:
@@ -225,7 +226,7 @@ class ProcessAggregationTest(tf.test.TestCase):
     self.assertEqual(metrics['aggregator']['measurements']['dp_epsilon'], np.inf)  # no noise
 
   def test_compression_shrinks_the_bytes_sent(self):
-    process = learning.build_process('fedavg', wide_model, FN, config=CFG,
+    process = learning.build_process('fedavg', wide_model, FN2, config=CFG,
                                      representation_layer='fc',
                                      model_aggregator=tff.learning.compression_aggregator())
     out = process.next(process.initialize(), ['0', '1'])
@@ -372,7 +373,8 @@ class DocsExamplesTest(tf.test.TestCase):
   """The worked examples of docs/tff.md run as written."""
 
   def test_examples_run(self):
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'docs',
+    # realpath: under Bazel __file__ is a runfiles symlink; docs/ is beside it in the source tree.
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), 'docs',
                         'tff.md')
     with open(path) as f:
       blocks = re.findall(r'```python\n(.*?)```', f.read(), re.S)
