@@ -139,22 +139,18 @@ def define_component_flags(fv) -> None:
   """One flag per setting of every registered algorithm, regulariser and partition,
   `--<component>_<setting>` (tff_decorr.hparams), plus the old spellings as deprecated aliases."""
   from tff_decorr import config  # pylint: disable=g-import-not-at-top
-  from tff_decorr import hparams  # pylint: disable=g-import-not-at-top
-  for kind in config.KINDS:
-    registry = config.registry(kind)
-    for name in registry.names():
-      for spec in hparams.flag_specs(registry.hparams_class(name)):
-        text = f'{spec.help} [{kind} {name}; default {spec.default}]'
-        if spec.choices:
-          flags.DEFINE_enum(spec.name, None, list(spec.choices), text, flag_values=fv)
-        elif spec.kind is bool:
-          flags.DEFINE_bool(spec.name, None, text, flag_values=fv)
-        elif spec.kind is int:
-          flags.DEFINE_integer(spec.name, None, text, flag_values=fv)
-        elif spec.kind is float:
-          flags.DEFINE_float(spec.name, None, text, flag_values=fv)
-        else:
-          flags.DEFINE_string(spec.name, None, text, flag_values=fv)
+  for kind, name, spec in config.component_flag_specs():
+    text = f'{spec.help} [{kind} {name}; default {spec.default}]'
+    if spec.choices:
+      flags.DEFINE_enum(spec.name, None, list(spec.choices), text, flag_values=fv)
+    elif spec.kind is bool:
+      flags.DEFINE_bool(spec.name, None, text, flag_values=fv)
+    elif spec.kind is int:
+      flags.DEFINE_integer(spec.name, None, text, flag_values=fv)
+    elif spec.kind is float:
+      flags.DEFINE_float(spec.name, None, text, flag_values=fv)
+    else:
+      flags.DEFINE_string(spec.name, None, text, flag_values=fv)
   for old, targets in config.LEGACY_ALIASES.items():
     new = ' / '.join('--' + t.replace('.', '_') for t in targets)
     # The old flags' own types (integers for the two counts), so old values keep their type.
@@ -168,18 +164,14 @@ def resolve_configs(fv) -> list:
   import sys  # pylint: disable=g-import-not-at-top
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   from tff_decorr import config  # pylint: disable=g-import-not-at-top
-  from tff_decorr import hparams  # pylint: disable=g-import-not-at-top
   task = task_registry.get(fv.task)
   generic = {name: fv[name].value for name in config.GENERIC_FIELDS if name in fv}
   for name in ('data_dir', 'cache_dir'):
     generic[name] = user_path(generic.get(name) or '')
   generic.pop('output_dir', None)
   components = {}
-  for kind in config.KINDS:
-    registry = config.registry(kind)
-    for name in registry.names():
-      for spec in hparams.flag_specs(registry.hparams_class(name)):
-        components.setdefault(name, {})[spec.field] = fv[spec.name].value
+  for _, name, spec in config.component_flag_specs():
+    components.setdefault(name, {})[spec.field] = fv[spec.name].value
   legacy = {old: fv[old].value for old in config.LEGACY_ALIASES if fv[old].value is not None}
   regs = fv.regularizer or task.defaults.get('regularizer', 'feddecorr')
   reg_list = [r.strip() for r in str(regs).split(',') if r.strip()]

@@ -97,6 +97,18 @@ def registry(kind: str):
 
 
 KINDS = ('algorithm', 'regularizer', 'partition')
+
+
+def component_flag_specs():
+  """(kind, component, hparams.FlagSpec) for every setting of every registered component: what
+  bin/train defines as flags and what `make` accepts as keywords."""
+  from tff_decorr import hparams  # pylint: disable=g-import-not-at-top
+  for kind in KINDS:
+    for name in registry(kind).names():
+      for spec in hparams.flag_specs(registry(kind).hparams_class(name)):
+        yield kind, name, spec
+
+
 GENERIC_FIELDS = tuple(f.name for f in dataclasses.fields(Config) if f.name != 'hparams')
 
 
@@ -199,9 +211,9 @@ def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[s
 
 
 def _flag(component: str, field: str) -> str:
-  for kind in KINDS:
-    if component in registry(kind).names():
-      return registry(kind).hparams_class(component).flag_name(field)
+  for _, name, spec in component_flag_specs():
+    if (name, spec.field) == (component, field):
+      return spec.name
   return f'{component}_{field}'
 
 
@@ -319,15 +331,12 @@ def make(**values) -> Config:
   `feddecorr_beta=0.1`, `fedprox_mu=1e-3`); everything else from the task's and components'
   defaults, as bin/train resolves it. An unknown keyword is an error."""
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from tff_decorr import hparams  # pylint: disable=g-import-not-at-top
   task = task_registry.get(values.get('task', Config.task))
   generic = {k: values.pop(k) for k in list(values) if k in GENERIC_FIELDS}
   components: Dict[str, Dict[str, Any]] = {}
-  for kind in KINDS:
-    for name in registry(kind).names():
-      for spec in hparams.flag_specs(registry(kind).hparams_class(name)):
-        if spec.name in values:
-          components.setdefault(name, {})[spec.field] = values.pop(spec.name)
+  for _, name, spec in component_flag_specs():
+    if spec.name in values:
+      components.setdefault(name, {})[spec.field] = values.pop(spec.name)
   if values:
     raise ValueError(f'make: unknown setting(s) {", ".join(sorted(values))}; give generic fields '
                      'or component settings by flag name (e.g. dirichlet_alpha).')

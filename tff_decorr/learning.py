@@ -49,6 +49,7 @@ from tff_decorr.algorithms import fednova
 from tff_decorr.algorithms import scaffold
 from tff_decorr.algorithms.client_update import ClientConfig
 from tff_decorr.algorithms.workspace import Workspace
+from tff_decorr.runtimes import tff_runtime
 
 PROCESS_ALGORITHMS = ('fedavg', 'fedprox', 'fedavgm', 'fedbn', 'moon', 'scaffold', 'fednova')
 # Algorithms whose client keeps state between rounds (held by the server here, see module doc).
@@ -590,23 +591,12 @@ def build_process(name: str, model_fn: Callable[[], tf.keras.Model],
 
 def install_program_context(max_concurrent_computation_calls: int = -1,
                             log_path: Optional[str] = None, timeout: float = 60.0) -> None:
-  """Sets a `tff.program.NativeFederatedContext` as TFF's default context (train_model needs one).
-
-  `tff.learning.programs.train_model` refuses the synchronous context `tff_context.install()`
-  sets. This one runs on the same locally owned `worker_binary` machinery (output to a log file,
-  stopped with its parent, `tff_context.stop_all()`), through TFF's asynchronous context.
-  """
-  # tff_context has no public asynchronous/program variant yet; its pieces are reused so the
-  # worker's lifecycle stays owned in one place.
-  # pylint: disable=protected-access
-  stub = tff_context._LocalStub(max_concurrent_computation_calls, log_path, timeout)
-  context = tff_context._make_context(stub, asynchronous=True)
-  # pylint: enable=protected-access
-  tff.framework.set_default_context(tff.program.NativeFederatedContext(context))
+  """Sets a `tff.program.NativeFederatedContext` as TFF's default context (train_model needs one)
+  on the project's own worker (`tff_context.install_program`)."""
+  tff_context.install_program(max_concurrent_computation_calls, log_path, timeout)
 
 
-def _constant(structure):
-  return tf.nest.map_structure(lambda x: tf.constant(np.asarray(x)), structure)
+_constant = tff_runtime.constant_structure
 
 
 def _float_bytes(type_spec) -> int:

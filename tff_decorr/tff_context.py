@@ -373,6 +373,16 @@ def install(max_concurrent_computation_calls: int = -1, log_path: Optional[str] 
   tff.framework.set_default_context(context)
 
 
+def install_program(max_concurrent_computation_calls: int = -1, log_path: Optional[str] = None,
+                    timeout: float = 60.0) -> None:
+  """Sets a `tff.program.NativeFederatedContext` (what `tff.learning.programs.train_model` needs;
+  it refuses the synchronous context of `install`) on the same locally owned worker: output to
+  a log file, stopped with its parent and by `stop_all()`."""
+  stub = _LocalStub(max_concurrent_computation_calls, log_path, timeout)
+  context = _make_context(stub, asynchronous=True)
+  tff.framework.set_default_context(tff.program.NativeFederatedContext(context))
+
+
 def port_is_free(port: int) -> bool:
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
     return s.connect_ex(('127.0.0.1', port)) != 0

@@ -28,7 +28,8 @@ from tff_decorr.algorithms.workspace import Workspace
 CLIENT_INPUT_TYPE = tff.StructType([('client_id', np.str_), ('seed', np.int64)])
 
 
-def _constant_structure(structure):
+def constant_structure(structure):
+  """NumPy structure -> the same structure of tf.constant (a computation's initial value)."""
   return tf.nest.map_structure(lambda x: tf.constant(np.asarray(x)), structure)
 
 
@@ -51,11 +52,11 @@ def build_process(algorithm: base.Algorithm,
 
   @tff.tensorflow.computation
   def server_init_tf():
-    return _constant_structure(init_server)
+    return constant_structure(init_server)
 
   @tff.tensorflow.computation
   def client_init_tf():
-    return _constant_structure(init_client)
+    return constant_structure(init_client)
 
   server_state_type = server_init_tf.type_signature.result
   client_state_type = client_init_tf.type_signature.result
