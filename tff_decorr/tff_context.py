@@ -294,8 +294,7 @@ class _MergeableContext(tff.framework.SyncContext):
   def __init__(self, contexts):
     self._contexts = list(contexts)
     self._runner = async_utils.AsyncThreadRunner()
-    self._compiler = compiler_pipeline.CompilerPipeline(
-        mergeable_comp_compiler.compile_to_mergeable_comp_form)
+    self._compiler = compiler_pipeline.CompilerPipeline(_compile_mergeable)
 
   def invoke(self, comp, arg):
     form = self._compiler.compile(comp)
@@ -307,11 +306,29 @@ class _MergeableContext(tff.framework.SyncContext):
     return type_conversions.type_to_py_container(result, form.after_merge.type_signature.result)
 
 
+def _compile(comp):
+  """TFF's native compilation, after replacing secure sums by their plain equivalents.
+
+  TFF's C++ runtime implements no secure-aggregation protocol (`tff.federated_secure_sum*`
+  fails with "Cannot embed a federated value"); TFF's own simulation context
+  (`tff.backends.test`) does this same replacement. The secure aggregator's bounds, clipping and
+  quantisation to a bit-width still run, so a simulation computes what the protocol would
+  release; only the cryptography is absent. Computations without secure sums are unchanged.
+  """
+  comp = tff.backends.test.replace_secure_intrinsics_with_bodies(comp)
+  return tff.backends.native.desugar_and_transform_to_native(comp)
+
+
+def _compile_mergeable(comp):
+  return mergeable_comp_compiler.compile_to_mergeable_comp_form(
+      tff.backends.test.replace_secure_intrinsics_with_bodies(comp))
+
+
 def _make_context(stub_fn, asynchronous: bool = False):
   cls = tff.framework.AsyncExecutionContext if asynchronous else tff.framework.SyncExecutionContext
   return cls(
       executor_fn=_executor_factory(stub_fn),
-      compiler_fn=tff.backends.native.desugar_and_transform_to_native,
+      compiler_fn=_compile,
       transform_args=tff.tensorflow.transform_args,
       transform_result=tff.tensorflow.transform_result)
 
