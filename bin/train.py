@@ -40,6 +40,7 @@ def define_flags(fv: flags.FlagValues = FLAGS) -> None:
   """Defines every flag on `fv`: the generic ones, then one per component setting, generated from
   the registries (a component registered before this call gets its flags too)."""
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr import aggregation  # pylint: disable=g-import-not-at-top
   from tff_decorr import algorithms  # pylint: disable=g-import-not-at-top
   from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
   from tff_decorr import regularizers  # pylint: disable=g-import-not-at-top
@@ -52,6 +53,10 @@ def define_flags(fv: flags.FlagValues = FLAGS) -> None:
                       'comma-separated list to run one simulation per regulariser (default: '
                       'feddecorr; the embedded task runs none,feddecorr).', **d)
   flags.DEFINE_enum('partition', None, list(partitions.names()), f'Client partition ({_T}).', **d)
+  flags.DEFINE_enum('aggregator', None, list(aggregation.names()),
+                    "Model aggregation: mean (the algorithm's own weighted sum, default) or a "
+                    'tff.aggregators factory over client deltas: robust, dp, compression, secure '
+                    '(--runtime=tff; settings --<aggregator>_<setting>).', **d)
   flags.DEFINE_integer('num_clients', None, f'Number of clients ({_T}).', **d)
   flags.DEFINE_integer('clients_per_round', None, 'Clients sampled per round (default: all).', **d)
   flags.DEFINE_integer('rounds', None, f'Communication rounds ({_T}).', **d)

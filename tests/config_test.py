@@ -6,6 +6,7 @@ from absl.testing import flagsaver
 
 from bin import train
 from tff_decorr import config
+from tff_decorr import run_dir
 
 # Default run-directory names printed by bin/train at commit 7dc4b1f (before component settings)
 # for these commands: an old command must find its old run.
@@ -56,7 +57,46 @@ class ConfigTest(absltest.TestCase):
                      regularizer='feddecorr', output_dir='/o', cache_dir='/c')
     self.assertEqual(config.migrate_dict(OLD_CONFIG), new.to_dict())
     self.assertEqual(new.hparams, {'fedavg': {}, 'feddecorr': {'beta': 0.1},
-                                   'dirichlet': {'alpha': 0.5}})
+                                   'dirichlet': {'alpha': 0.5}, 'mean': {}})
+    self.assertEqual(new.aggregator, 'mean')
+
+  def test_config_json_from_before_the_aggregator_resumes(self):
+    # Written by the release with component settings but no --aggregator: it meant the plain sum.
+    (new,) = resolve(task='digits', num_clients=4, rounds=2, local_epochs=1, runtime='tf',
+                     regularizer='feddecorr', output_dir='/o', cache_dir='/c')
+    written = new.to_dict()
+    del written['aggregator']
+    del written['hparams']['mean']
+    self.assertEqual(run_dir.differences(config.migrate_dict(written), new.to_dict()), [])
+    (dp,) = resolve(task='digits', regularizer='feddecorr', aggregator='dp', dp_clip=1.0)
+    self.assertNotEqual(run_dir.differences(config.migrate_dict(written), dp.to_dict()), [])
+
+  def test_aggregator_settings_are_component_flags(self):
+    (c,) = resolve(task='digits', regularizer='none', aggregator='dp', dp_noise_multiplier=0.3,
+                   dp_clip=2.0)
+    self.assertEqual(c.hparams['dp'], {'noise_multiplier': 0.3, 'clip': 2.0, 'target_delta': 0.0,
+                                       'zeroing': True})
+    (r,) = resolve(task='digits', regularizer='none', aggregator='robust', robust_clipping=False)
+    self.assertEqual(r.hparams['robust'], {'zeroing': True, 'clipping': False, 'weighted': True})
+    # A different aggregator is a different run: its own default directory.
+    (m,) = resolve(task='digits', regularizer='none')
+    self.assertNotEqual(c.output_dir, m.output_dir)
+    self.assertNotEqual(r.output_dir, m.output_dir)
+
+  def test_aggregator_errors_name_the_flag(self):
+    cases = [
+        (dict(aggregator='dp', runtime='tf'), '--aggregator: dp .* only under --runtime=tff'),
+        (dict(aggregator='secure', algorithm='fednova'), "--aggregator=secure cannot be combined "
+         "with 'fednova'"),
+        (dict(aggregator='robust', algorithm='fedavg_decomposed', decomposed=True),
+         '--aggregator=robust: --algorithm=fedavg_decomposed has no upload'),
+        (dict(aggregator='robust', dp_clip=1.0), '--dp_clip: set.* --aggregator=robust'),
+        (dict(aggregator='compression', compression_bits=20), '--compression_bits: must be <= 16'),
+        (dict(aggregator='dp', dp_target_delta=1.0), '--dp_target_delta: must be < 1.0'),
+    ]
+    for values, pattern in cases:
+      with self.assertRaisesRegex(ValueError, pattern, msg=str(values)):
+        resolve(task='digits', regularizer='none', **values)
 
   def test_old_spellings_are_aliases(self):
     (old,) = resolve(algorithm='moon', mu=0.7, temperature=0.2, regularizer='feddecorr',

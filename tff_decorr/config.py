@@ -49,6 +49,7 @@ class Config:
   algorithm: str = 'fedavg'
   regularizer: str = 'feddecorr'
   partition: str = 'dirichlet'
+  aggregator: str = 'mean'
   num_clients: int = 10
   clients_per_round: int = 10
   rounds: int = 10
@@ -76,7 +77,8 @@ class Config:
     return dataclasses.asdict(self)
 
   def component_hparams(self, kind: str):
-    """The HParams instance of the run's 'algorithm', 'regularizer' or 'partition'."""
+    """The HParams instance of the run's 'algorithm', 'regularizer', 'partition' or
+    'aggregator'."""
     name = getattr(self, kind)
     return registry(kind).hparams_class(name).from_mapping(self.hparams.get(name, {}))
 
@@ -93,10 +95,15 @@ def registry(kind: str):
   if kind == 'partition':
     from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
     return partitions
+  if kind == 'aggregator':
+    from tff_decorr import aggregation  # pylint: disable=g-import-not-at-top
+    return aggregation
   raise ValueError(f'unknown component kind {kind!r}.')
 
 
-KINDS = ('algorithm', 'regularizer', 'partition')
+KINDS = ('algorithm', 'regularizer', 'partition', 'aggregator')
+# Kinds added after runs were first written: a config.json without one means its default.
+_LATER_KINDS = {'aggregator': 'mean'}
 
 
 def component_flag_specs():
@@ -162,6 +169,13 @@ def validate(c: Config) -> None:
   if registry('algorithm').algorithm_class(c.algorithm).requires_decomposed and not c.decomposed:
     bad('decomposed', f'--algorithm={c.algorithm} averages atoms and coefficients of '
         'filter-decomposed convolutions; pass --decomposed.')
+  if c.aggregator != 'mean':
+    if c.runtime != 'tff':
+      bad('aggregator', f'{c.aggregator} is a tff.aggregators factory, which runs only under '
+          f'--runtime=tff (--runtime={c.runtime} sums in TensorFlow); use --runtime=tff or '
+          '--aggregator=mean.')
+    registry('aggregator').check_algorithm(registry('algorithm').algorithm_class(c.algorithm),
+                                           c.aggregator)
 
 
 def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[str, Any]],
@@ -190,14 +204,15 @@ def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[s
   if not regularizers:
     raise ValueError('--regularizer: empty; give none, feddecorr, feduv or decov.')
   explicit = _explicit_settings(components, legacy, warn)
-  chosen_all = {values['algorithm'], values['partition'], *regularizers}
+  chosen_all = {values['algorithm'], values['partition'], values['aggregator'], *regularizers}
   for component in components:
     if component not in chosen_all and any(v is not None for v in components[component].values()):
       given = ', '.join(f'--{_flag(component, f)}' for f, v in components[component].items()
                         if v is not None)
       raise ValueError(f'{given}: set(s) {component}, which this run does not use (--algorithm='
                        f'{values["algorithm"]}, --regularizer={",".join(regularizers)}, '
-                       f'--partition={values["partition"]}); drop it or choose {component}.')
+                       f'--partition={values["partition"]}, --aggregator='
+                       f'{values["aggregator"]}); drop it or choose {component}.')
   configs = []
   for reg in regularizers:
     c = Config(**{**values, 'regularizer': reg})
@@ -252,13 +267,25 @@ def from_dict(d: Mapping[str, Any]) -> Config:
   d = dict(d)
   if 'hparams' not in d:
     d = _migrate_flat(d)
+  d = _add_later_kinds(d)
   known = {f.name for f in dataclasses.fields(Config)}
   return Config(**{k: v for k, v in d.items() if k in known})
 
 
 def migrate_dict(d: Mapping[str, Any]) -> dict:
-  """config.json contents in today's form (old flat files are translated)."""
-  return from_dict(d).to_dict() if 'hparams' not in d else dict(d)
+  """config.json contents in today's form (old flat files are translated; a component kind
+  added since, e.g. the aggregator, gets its default)."""
+  return from_dict(d).to_dict() if 'hparams' not in d else _add_later_kinds(dict(d))
+
+
+def _add_later_kinds(d: dict) -> dict:
+  hparams = dict(d.get('hparams', {}))
+  for kind, default in _LATER_KINDS.items():
+    if kind not in d:
+      d[kind] = default
+      hparams.setdefault(default, registry(kind).hparams_class(default)().to_dict())
+  d['hparams'] = hparams
+  return d
 
 
 def _migrate_flat(d: dict) -> dict:
@@ -270,6 +297,8 @@ def _migrate_flat(d: dict) -> dict:
         flat.setdefault(component, {})[field] = d[old]
   hparams = {}
   for kind in KINDS:
+    if kind in _LATER_KINDS:
+      continue  # Not in flat files; _add_later_kinds gives the default.
     name = d.get(kind, getattr(Config, kind))
     cls = registry(kind).hparams_class(name)
     fields = {f.name for f in dataclasses.fields(cls)}
@@ -302,6 +331,9 @@ def directory_hash(config: Config, task, legacy: Mapping[str, Any]) -> str:
     return defaults.get(f'{component}.{field}', fallback)
 
   flat = {k: v for k, v in config.to_dict().items() if k != 'hparams'}
+  for kind, default in _LATER_KINDS.items():
+    if flat[kind] == default:  # Runs from before the kind existed keep their names.
+      del flat[kind]
   flat.update({
       'beta': setting('decov' if config.regularizer == 'decov' else 'feddecorr', 'beta', 0.1),
       'feduv_lambda': setting('feduv', 'lam', 2.5), 'feduv_mu': setting('feduv', 'mu', 0.5),

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tasks import client_data
 from tasks import registry as task_registry
+from tff_decorr import aggregation
 from tff_decorr import algorithms
 from tff_decorr import config as config_lib
 from tff_decorr import export
@@ -49,6 +50,12 @@ class Experiment:
     tf.keras.utils.set_random_seed(c.seed)  # The initial global model depends only on the seed.
     self.algorithm = algorithms.build(c.algorithm, self.model_fn, client_config, self.regularizer,
                                       c.component_hparams('algorithm'), num_clients=c.num_clients)
+    # The tff.aggregators factory of --aggregator (None: the runtimes' plain sum). Built here, so
+    # a bad setting fails before the run directory is written.
+    self.aggregator = aggregation.build(
+        c.aggregator, c.component_hparams('aggregator'),
+        aggregation.RunShape(num_clients=c.num_clients, clients_per_round=c.clients_per_round,
+                             rounds=c.rounds))
 
   def model_fn(self) -> tf.keras.Model:
     return models.build(self.model_name, **self._model_kwargs)
@@ -102,7 +109,18 @@ class Experiment:
     log_path = os.path.join(output_dir, 'tff_worker.log') if output_dir else None
     tff_context.install(max_concurrent_computation_calls=c.max_concurrent_computation_calls,
                         log_path=log_path, workers=workers)
-    return tff_runtime.TffRuntime(self.algorithm, self.client_dataset_fn)
+    return tff_runtime.TffRuntime(self.algorithm, self.client_dataset_fn,
+                                  aggregator=self.aggregator)
+
+  def privacy(self, rounds: int) -> dict:
+    """(epsilon, delta) after `rounds` rounds under --aggregator=dp (else {})."""
+    if not isinstance(self.aggregator, aggregation.AccountedDpFactory) or rounds < 1:
+      return {}
+    c = self.config
+    eps = aggregation.dp_epsilons(c.component_hparams('aggregator').noise_multiplier,
+                                  c.clients_per_round, c.num_clients, rounds,
+                                  self.aggregator.target_delta)
+    return {'dp_epsilon': float(eps[-1]), 'dp_delta': self.aggregator.target_delta}
 
   # ---- evaluation / export ----
   def evaluator(self) -> export.Evaluator:

@@ -33,27 +33,24 @@ privacy aggregators (DP, secure aggregation), whose guarantee it would void.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_decorr import aggregation
 from tff_decorr import algorithms
 from tff_decorr import regularizers
 from tff_decorr import tff_context
 from tff_decorr.algorithms import base
-from tff_decorr.algorithms import fedavg
-from tff_decorr.algorithms import fedbn
-from tff_decorr.algorithms import fednova
-from tff_decorr.algorithms import scaffold
 from tff_decorr.algorithms.client_update import ClientConfig
 from tff_decorr.algorithms.workspace import Workspace
 from tff_decorr.runtimes import tff_runtime
 
 PROCESS_ALGORITHMS = ('fedavg', 'fedprox', 'fedavgm', 'fedbn', 'moon', 'scaffold', 'fednova')
 # Algorithms whose client keeps state between rounds (held by the server here, see module doc).
-STATEFUL_ALGORITHMS = ('fedbn', 'moon', 'scaffold')
+STATEFUL_ALGORITHMS = aggregation.STATEFUL_ALGORITHMS
 
 RegularizerArg = Union[str, regularizers.Regularizer, Callable[[tf.Tensor, tf.Tensor], tf.Tensor],
                        None]
@@ -277,228 +274,15 @@ def from_keras_model(keras_model: tf.keras.Model, input_spec,
 
 
 # ------------------------------------------------------------------------------------------------
-# Aggregation helpers
-# ------------------------------------------------------------------------------------------------
-
-
-def upload_bytes_per_client(aggregation_process: tff.templates.AggregationProcess) -> int:
-  """Bytes each client sends in one call of `aggregation_process.next`, from TFF's own types.
-
-  The sum, over every aggregating intrinsic call in the process (federated_sum, _mean, _aggregate,
-  secure sums, ...), of the sizes of its CLIENTS-placed tensor arguments. This is the wire format
-  the aggregator defines: an encoded (compressed) factory sends its encoded tensors, adaptive
-  clipping adds its per-client indicator, a weighted mean adds the weight.
-  """
-  total = 0
-  for comp in _nodes(aggregation_process):
-    if not (isinstance(comp, tff.framework.Call) and isinstance(comp.function,
-                                                                tff.framework.Intrinsic)):
-      continue
-    result = comp.function.type_signature.result
-    if not (isinstance(result, tff.FederatedType) and result.placement == tff.SERVER):
-      continue
-    if comp.argument is None:
-      continue
-    for t in _flatten_type(comp.argument.type_signature):
-      if isinstance(t, tff.FederatedType) and t.placement == tff.CLIENTS:
-        total += _tensor_bytes(t.member)
-  return total
-
-
-def _nodes(process):
-  """Every node of the building block of `process.next` (TFF's compiled form)."""
-  stack = [process.next.to_building_block()]
-  while stack:
-    comp = stack.pop()
-    stack.extend(comp.children())
-    yield comp
-
-
-def _flatten_type(t):
-  if isinstance(t, tff.StructType):
-    out = []
-    for child in t.children():
-      out.extend(_flatten_type(child))
-    return out
-  return [t]
-
-
-def _tensor_bytes(t) -> int:
-  if isinstance(t, tff.StructType):
-    return sum(_tensor_bytes(c) for c in t.children())
-  if isinstance(t, tff.TensorType):
-    if t.shape is None or any(d is None for d in t.shape):
-      raise ValueError(f'cannot count the bytes of a tensor of unknown shape: {t}.')
-    return int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
-  return 0  # sequences, functions: not sent by an aggregation
-
-
-def dp_epsilons(noise_multiplier: float, clients_per_round: int, num_clients: int,
-                rounds: int, target_delta: float) -> np.ndarray:
-  """epsilon after 1..`rounds` rounds of the Gaussian mechanism on clipped client updates.
-
-  Accounting: Renyi DP (dp_accounting, shipped with TFF), one Gaussian event of `noise_multiplier`
-  per round on a uniform sample of `clients_per_round` of `num_clients` clients without replacement
-  (what `tff.program.ClientIdDataSource` draws), replace-one adjacency (a fixed denominator, as
-  TFF's DP mean). RDP composes additively, so one round is computed once.
-  """
-  import dp_accounting  # pylint: disable=g-import-not-at-top
-  from dp_accounting.rdp import rdp_privacy_accountant as rdp  # pylint: disable=g-import-not-at-top
-  if noise_multiplier <= 0:
-    return np.full([rounds], np.inf)
-  event = dp_accounting.SampledWithoutReplacementDpEvent(
-      num_clients, clients_per_round, dp_accounting.GaussianDpEvent(noise_multiplier))
-  accountant = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
-  accountant.compose(event)
-  # pylint: disable=protected-access
-  orders, one_round = accountant._orders, np.asarray(accountant._rdp)
-  # pylint: enable=protected-access
-  return np.array([rdp.compute_epsilon(orders, r * one_round, target_delta)[0]
-                   for r in range(1, rounds + 1)])
-
-
-class AccountedDpFactory(tff.aggregators.UnweightedAggregationFactory):
-  """`tff.learning.dp_aggregator` that also reports the privacy spent (`dp_epsilon` measurement).
-
-  TFF's DP factories cannot report epsilon: they know the noise multiplier but not how many
-  clients there are (the sampling rate), the accounting delta, or the number of rounds. This one is
-  told, and reports epsilon after each round (its state counts rounds, so a resumed train_model run
-  continues the count). Build it with `dp_aggregator`.
-  """
-
-  def __init__(self, inner: tff.aggregators.UnweightedAggregationFactory, epsilons: np.ndarray,
-               target_delta: float):
-    self.inner = inner
-    self.epsilons = np.asarray(epsilons, np.float64)
-    self.target_delta = float(target_delta)
-
-  def create(self, value_type):
-    inner = self.inner.create(value_type)
-    table = self.epsilons
-    last = len(table) - 1
-
-    @tff.tensorflow.computation
-    def zero_round():
-      return tf.constant(0, tf.int32)
-
-    @tff.federated_computation
-    def init_fn():
-      return tff.federated_zip(collections.OrderedDict(
-          inner=inner.initialize(), round=tff.federated_eval(zero_round, tff.SERVER)))
-
-    @tff.tensorflow.computation(tf.int32)
-    def account(round_num):
-      # Past the precomputed table: report +inf rather than an understated epsilon.
-      known = tf.gather(tf.constant(table, tf.float32), tf.minimum(round_num, last))
-      eps = tf.where(round_num > last, tf.constant(np.inf, tf.float32), known)
-      return collections.OrderedDict(round=round_num + 1, epsilon=eps)
-
-    @tff.federated_computation(init_fn.type_signature.result,
-                               tff.FederatedType(value_type, tff.CLIENTS))
-    def next_fn(state, value):
-      out = inner.next(state.inner, value)
-      accounted = tff.federated_map(account, state.round)
-      return tff.templates.MeasuredProcessOutput(
-          state=tff.federated_zip(collections.OrderedDict(inner=out.state,
-                                                          round=accounted.round)),
-          result=out.result,
-          measurements=tff.federated_zip(collections.OrderedDict(
-              dp=out.measurements, dp_epsilon=accounted.epsilon)))
-
-    return tff.templates.AggregationProcess(init_fn, next_fn)
-
-
-def dp_aggregator(noise_multiplier: float, clients_per_round: int, num_clients: int,
-                  target_delta: Optional[float] = None, max_rounds: int = 10000,
-                  zeroing: bool = True, clip: Optional[float] = None) -> AccountedDpFactory:
-  """DP-FedAvg aggregation (TFF's own factories) that reports epsilon in its measurements.
-
-  clip=None: `tff.learning.dp_aggregator` (adaptive clipping, its noise_multiplier is the total);
-  clip=C: `tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed` with L2 clip C.
-  target_delta default: 1 / num_clients**1.1 (smaller than 1/N, the usual choice).
-  The mean divides by clients_per_round: sample exactly that many clients a round.
-  """
-  if not noise_multiplier >= 0:
-    raise ValueError(f'noise_multiplier must be >= 0, got {noise_multiplier!r}.')
-  if not 1 <= clients_per_round <= num_clients:
-    raise ValueError(f'clients_per_round must be in [1, num_clients={num_clients}], got '
-                     f'{clients_per_round!r}.')
-  delta = target_delta if target_delta is not None else 1.0 / num_clients ** 1.1
-  if clip is None:
-    inner = tff.learning.dp_aggregator(noise_multiplier, clients_per_round, zeroing=zeroing)
-  else:
-    inner = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
-        noise_multiplier, clients_per_round, clip)
-  eps = dp_epsilons(noise_multiplier, clients_per_round, num_clients, max_rounds, delta)
-  return AccountedDpFactory(inner, eps, delta)
-
-
-_PRIVATE_FACTORIES = (tff.aggregators.DifferentiallyPrivateFactory,
-                      tff.aggregators.SecureSumFactory,
-                      tff.aggregators.SecureModularSumFactory, AccountedDpFactory)
-
-
-def _private_parts(factory, seen=None) -> list:
-  """Names of the privacy mechanisms (DP, secure sums) inside a factory and its inner factories."""
-  seen = set() if seen is None else seen
-  if id(factory) in seen:
-    return []
-  seen.add(id(factory))
-  found = [type(factory).__name__] if isinstance(factory, _PRIVATE_FACTORIES) else []
-  # Inner factories are attributes, or (TFF's robust wrappers) closure cells of `create`.
-  create = getattr(type(factory), 'create', None)
-  cells = [c.cell_contents for c in (getattr(create, '__closure__', None) or ())]
-  for value in list(vars(factory).values()) + cells:
-    for v in (value if isinstance(value, (list, tuple)) else [value]):
-      if isinstance(v, tff.aggregators.AggregationFactory):
-        found += _private_parts(v, seen)
-  return found
-
-
-def _secure_intrinsics(process) -> bool:
-  return any(isinstance(c, tff.framework.Intrinsic) and 'secure' in c.uri for c in _nodes(process))
-
-
-# ------------------------------------------------------------------------------------------------
 # The project's algorithms as LearningProcesses
 # ------------------------------------------------------------------------------------------------
 
-
-def _update_baseline(algorithm: base.Algorithm) -> Optional[Callable[[Any], list]]:
-  """What a client's update is measured from, as a function of the broadcast, or None.
-
-  TFF's aggregators expect model DELTAS (DP clips them, compression quantises them, robust
-  aggregation zeroes large ones). The project's FedAvg family uploads n_i * y_i with weight n_i;
-  here the client sends y_i - x with weight n_i and the server adds x back to the weighted mean,
-  which is the same average up to float round-off. SCAFFOLD and FedNova already upload deltas.
-  """
-  if isinstance(algorithm, fedbn.FedBN):  # uploads the non-BN weights only
-    mask = algorithm.spec.batchnorm
-    return lambda broadcast: [w for w, b in zip(broadcast['weights'], mask) if not b]
-  if isinstance(algorithm, fedavg.FedAvg):  # fedavg, fedprox, fedavgm, moon
-    return lambda broadcast: list(broadcast['weights'])
-  if isinstance(algorithm, (scaffold.Scaffold, fednova.FedNova)):
-    return None
-  raise ValueError(f'algorithm {algorithm.name!r} has no LearningProcess form; choose one of '
-                   f'{", ".join(PROCESS_ALGORITHMS)}.')
-
-
-def _check_aggregator(name: str, factory, process) -> None:
-  private = sorted(set(_private_parts(factory))) + (['secure aggregation intrinsics']
-                                                    if _secure_intrinsics(process) else [])
-  if not private:
-    return
-  if name in STATEFUL_ALGORITHMS:
-    raise ValueError(
-        f'model_aggregator: {", ".join(private)} cannot be combined with {name!r}. Its per-client '
-        'state (FedBN BN variables, SCAFFOLD control variates, MOON previous model) is held by the '
-        'server in this simulation (tff.learning has no client-placed state), which would void the '
-        "privacy guarantee. Use 'fedavg', 'fedprox' or 'fedavgm' with a private aggregator.")
-  if name == 'fednova':
-    raise ValueError(
-        f'model_aggregator: {", ".join(private)} cannot be combined with \'fednova\': its upload '
-        'carries the normaliser a_i (local steps, tens to thousands), which would dominate the '
-        "clipped L2 norm and be noised with the update. Use 'fedavg', 'fedprox' or 'fedavgm'.")
+# Aggregation pieces shared with bin/train's --aggregator live in tff_decorr.aggregation; these
+# names stay here for code written against this module.
+upload_bytes_per_client = aggregation.upload_bytes_per_client
+dp_epsilons = aggregation.dp_epsilons
+AccountedDpFactory = aggregation.AccountedDpFactory
+dp_aggregator = aggregation.dp_aggregator
 
 
 def _algorithm_regularizer(regularizer):
@@ -599,10 +383,6 @@ def install_program_context(max_concurrent_computation_calls: int = -1,
 _constant = tff_runtime.constant_structure
 
 
-def _float_bytes(type_spec) -> int:
-  return sum(_tensor_bytes(t) for t in _flatten_type(type_spec))
-
-
 class _ProcessBuilder:
   """Builds the computations of one LearningProcess (kept apart from build_process's checks)."""
 
@@ -614,7 +394,7 @@ class _ProcessBuilder:
     self.weighted = isinstance(factory, tff.aggregators.WeightedAggregationFactory)
     self.seed = int(seed)
     self.stateful = alg.name in STATEFUL_ALGORITHMS
-    self.baseline = _update_baseline(alg)
+    aggregation.check_upload(alg)
     weights = alg.initial_weights() if initial_weights is None else list(initial_weights)
     if len(weights) != alg.spec.num_weights:
       raise ValueError(f'initial_weights has {len(weights)} arrays; the model has '
@@ -624,10 +404,6 @@ class _ProcessBuilder:
     index = {v.ref(): i for i, v in enumerate(model.weights)}
     self.trainable_idx = [index[v.ref()] for v in model.trainable_weights]
     self.non_trainable_idx = [index[v.ref()] for v in model.non_trainable_weights]
-    spec = alg.spec
-    self.variance_idx = [i for i, (n, b, t) in enumerate(zip(spec.names, spec.batchnorm,
-                                                               spec.trainable))
-                         if b and not t and 'moving_variance' in n]
 
   # ---- flat weights <-> ModelWeights ----
   def to_model_weights(self, flat):
@@ -686,24 +462,15 @@ class _ProcessBuilder:
 
     agg = self._aggregation_process(out_type['update'], out_type['weight'])
     bytes_per_client = upload_bytes_per_client(agg)
-    float_bytes = _float_bytes(out_type['update'])
+    float_bytes = aggregation.tensor_bytes(out_type['update'])
 
     @tff.tensorflow.computation(mw_type, extras_type, out_type['update'], tf.float32)
     def server_tf(mw, extras, mean_update, total_weight):
       state = server_state(mw, extras)
-      if self.baseline is None:
-        update = mean_update
-      else:
-        update = tf.nest.map_structure(tf.add, mean_update,
-                                       self.baseline(alg.broadcast(state)))
-      # The algorithm's server step takes SUMS of weighted contributions and the summed weight.
-      summed = tf.nest.map_structure(lambda u: u * total_weight, update)
+      summed = aggregation.summed_contribution(alg, alg.broadcast(state), mean_update,
+                                               total_weight)
       new_state = alg.server_step(state, summed, total_weight)
-      flat = list(new_state['weights'])
-      for i in self.variance_idx:
-        # Noise (DP) or a server learning rate > 1 can push an averaged variance below zero;
-        # a variance is never negative, and this is post-processing (no privacy cost).
-        flat[i] = tf.maximum(flat[i], 0.0)
+      flat = aggregation.nonnegative_variances(alg, list(new_state['weights']))
       extras_out = collections.OrderedDict((k, new_state[k]) for k in extras0)
       return collections.OrderedDict(model_weights=self.to_model_weights(flat), extras=extras_out)
 
@@ -777,7 +544,7 @@ class _ProcessBuilder:
                                                   set_model_weights)
 
   def _client_computation(self, to_clients_type):
-    alg, ids, stateful, baseline = self.alg, self.client_ids, self.stateful, self.baseline
+    alg, ids, stateful = self.alg, self.client_ids, self.stateful
     base_seed = self.seed
     dataset_fn = self.client_dataset_fn
 
@@ -800,31 +567,16 @@ class _ProcessBuilder:
           tf.stack([tf.constant(base_seed, tf.int64), to_clients['round']]),
           tf.strings.to_hash_bucket_fast(client_id, 2**31 - 1))
       out = client_step(to_clients['broadcast'], dataset_fn(client_id, pair[0]), state)
-      w = out.weight
-      inv = tf.math.divide_no_nan(1.0, w)
-      ref = (None if baseline is None else baseline(to_clients['broadcast']))
-      if ref is None:
-        update = tf.nest.map_structure(lambda c: c * inv, out.contribution)
-      else:
-        # A client without data (w = 0) sends a zero delta, not -x.
-        update = tf.nest.map_structure(
-            lambda c, x: tf.where(w > 0, c * inv - x, tf.zeros_like(c)), out.contribution, ref)
-      return collections.OrderedDict(update=update, weight=w, one=tf.constant(1.0), index=index,
+      update = aggregation.client_update(alg, to_clients['broadcast'], out)
+      return collections.OrderedDict(update=update, weight=out.weight, one=tf.constant(1.0),
+                                     index=index,
                                      state=out.client_state, metrics=out.metrics)
 
     return client_tf
 
   def _aggregation_process(self, update_type, weight_type):
-    try:
-      if self.weighted:
-        process = self.factory.create(update_type, weight_type)
-      else:
-        process = self.factory.create(update_type)
-    except (TypeError, ValueError) as e:
-      raise ValueError(f'model_aggregator: {type(self.factory).__name__} cannot aggregate this '
-                       f"algorithm's update {update_type}: {e}") from e
-    _check_aggregator(self.alg.name, self.factory, process)
-    return process
+    return aggregation.create(self.factory, update_type, weight_type, self.alg,
+                              state_on_server=True)
 
   def _state_collection(self, out_type, work_type, work0_states):
     """fn(work_state@SERVER, client outputs@CLIENTS) -> new work state@SERVER.

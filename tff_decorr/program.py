@@ -102,9 +102,11 @@ def summarize_train_metrics(m: dict) -> dict:
   for k in ('extra_sum',):
     if k in m:
       out['train_algorithm_term'] = float(m[k]) / examples
-  for k in ('bytes_up', 'bytes_down', 'clients'):
+  for k in ('bytes_up', 'bytes_down', 'clients', 'bytes_up_float32'):
     if k in m:
       out[k] = float(m[k])
+  # A tff.aggregators factory's measurements (--aggregator): clipping norms, dp_epsilon, ...
+  out.update({k: float(v) for k, v in m.items() if k.startswith('aggregator/')})
   return out
 
 
@@ -278,6 +280,8 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
               f'reg {values["train_regularizer"]:.4f}')
       if test:
         line += f'  test_acc {float(test.get("test_accuracy", float("nan"))):.4f}'
+      if 'aggregator/dp_epsilon' in values:
+        line += f'  epsilon {values["aggregator/dp_epsilon"]:.3g}'
       line += f'  {round_time:.1f}s  ETA {_fmt_eta(eta)}'
       log(line)
   except KeyboardInterrupt:

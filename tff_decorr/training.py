@@ -65,6 +65,9 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
   try:
     exp = experiment.Experiment(config, log=log)
     exp.prepare_client_data()
+    # Built before config.json is written: an aggregator that cannot take this algorithm's update
+    # fails here. (The TFF worker starts on the first call, not here.)
+    runtime = exp.runtime(config.output_dir)
   except BaseException:
     run_dir.unlock(config.output_dir, remove_if_unused=True)
     raise
@@ -72,7 +75,6 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
   log(('Resuming' if resumed else 'Configuration') + ' (saved to ' +
       run_dir.config_path(config.output_dir) + '):')
   log(json.dumps(config.to_dict(), indent=None, sort_keys=True))
-  runtime = exp.runtime(config.output_dir)
   evaluator = exp.evaluator()
   test_ds = exp.test_dataset()
   initial_weights = exp.algorithm.initial_weights()
@@ -115,6 +117,7 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
                         before_round=before_round, check_clients=exp.check_client_data, log=log)
   if summary is None:  # More rounds done than --rounds: nothing trained, nothing (re)written.
     return None
+  summary.update(exp.privacy(summary['final_round']))
   summary.update({'config': config.to_dict(), 'versions': _versions(),
                   'wall_time_s': time.time() - t0})
   run_dir.write_json_atomic(os.path.join(config.output_dir, 'summary.json'), summary)

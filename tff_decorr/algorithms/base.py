@@ -46,6 +46,12 @@ class Algorithm:
   num_models = 1  # Keras models in the client workspace (MOON needs 3).
   projection_head = False  # Whether a task's --projection_dim default applies (MOON: yes).
   requires_decomposed = False  # Whether the model must be filter-decomposed (--decomposed).
+  # How a tff.aggregators factory can aggregate the upload (--aggregator, tff_decorr.learning):
+  # those factories expect model DELTAS (DP clips them, compression quantises them). 'model':
+  # contribution / weight is (part of) a model, sent as its difference from
+  # `update_reference(broadcast)`; 'delta': contribution / weight is already a delta; None: no
+  # such form (the plain sum only).
+  upload: Optional[str] = None
   # The algorithm's own hyper-parameters (a frozen dataclass, tff_decorr.hparams): declared once,
   # validated there, turned into --<name>_<field> flags by bin/train.
   HParams = hparams_lib.NoHParams
@@ -104,6 +110,11 @@ class Algorithm:
   # ---- TF pieces ----
   def broadcast(self, server_state):
     return {'weights': list(server_state['weights'])}
+
+  def update_reference(self, broadcast) -> list:
+    """With upload == 'model': what a client's contribution / weight is measured from (the
+    broadcast weights it uploads; TF ops)."""
+    return list(broadcast['weights'])
 
   def make_client_step(self, ws: Workspace):
     """Returns the client step as a tf.function bound to workspace `ws`."""

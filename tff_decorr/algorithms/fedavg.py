@@ -13,6 +13,7 @@ from tff_decorr.algorithms import base
 
 class FedAvg(base.Algorithm):
   name = 'fedavg'
+  upload = 'model'
 
   def _client_step(self, ws, broadcast, dataset, client_state):
     res = self._train(ws, broadcast['weights'], dataset)

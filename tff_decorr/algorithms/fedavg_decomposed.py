@@ -39,6 +39,9 @@ class FedAvgDecomposed(fedavg.FedAvg):
   name = 'fedavg_decomposed'
   HParams = FedAvgDecomposedHParams
   requires_decomposed = True  # Needs a filter-decomposed model (--decomposed).
+  # Coefficients are averaged on their own schedule with their own weight, which one weighted mean
+  # of a delta (tff.aggregators) cannot express: the plain sum only.
+  upload = None
 
   def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None, hparams=None, **kw):
     super().__init__(model_fn, config, regularizer, hparams, **kw)

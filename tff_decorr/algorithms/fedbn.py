@@ -39,6 +39,10 @@ class FedBN(fedavg.FedAvg):
   def initial_client_state(self, weights):
     return {'bn': [np.asarray(w) for w, b in zip(weights, self.spec.batchnorm) if b]}
 
+  def update_reference(self, broadcast):
+    # Only the non-BN weights are uploaded (BN stays with the client).
+    return [w for w, b in zip(broadcast['weights'], self.spec.batchnorm) if not b]
+
   def _client_step(self, ws, broadcast, dataset, client_state):
     local_bn = iter(client_state['bn'])
     start = [next(local_bn) if b else w for w, b in zip(broadcast['weights'], self.spec.batchnorm)]

@@ -21,6 +21,7 @@ from tff_decorr.algorithms import client_update
 
 class FedNova(base.Algorithm):
   name = 'fednova'
+  upload = 'delta'
 
   def _client_step(self, ws, broadcast, dataset, client_state):
     res = self._train(ws, broadcast['weights'], dataset)

@@ -43,6 +43,7 @@ class ScaffoldHParams(hparams.HParams):
 
 class Scaffold(base.Algorithm):
   name = 'scaffold'
+  upload = 'delta'
   HParams = ScaffoldHParams
 
   def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None, hparams=None, *,

@@ -1,0 +1,486 @@
+"""Model aggregation through `tff.aggregators`: what bin/train's `--aggregator` and
+`tff_decorr.learning.build_process(model_aggregator=...)` share.
+
+- The aggregators bin/train offers, each with its settings declared once (tff_decorr.hparams) and
+  turned into `--<aggregator>_<setting>` flags: `mean` (the algorithm's own weighted plain sum, the
+  default; no factory), `robust`, `dp`, `compression`, `secure` (TFF's factories).
+- Deltas: TFF's factories expect model DELTAS (DP clips them, compression quantises them, robust
+  aggregation zeroes large ones). The project's FedAvg family uploads n_i * y_i with weight n_i;
+  through a factory a client sends y_i - x (`client_update`) with weight n_i and the server adds x
+  back to the aggregated mean (`summed_contribution`): the same average up to float round-off.
+  SCAFFOLD and FedNova already upload deltas. `Algorithm.upload` says which form an algorithm has.
+- Compatibility rules (`check`), the bytes a factory's wire format sends
+  (`upload_bytes_per_client`), and DP accounting (`dp_epsilons`, `dp_aggregator`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Callable, ClassVar, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_decorr import hparams as hparams_lib
+from tff_decorr.algorithms import base
+
+# ------------------------------------------------------------------------------------------------
+# The aggregators of --aggregator
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RunShape:
+  """What a factory may need to know of the run: DP's denominator and accounting."""
+  num_clients: int
+  clients_per_round: int
+  rounds: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RobustHParams(hparams_lib.HParams):
+  """TFF's robust wrappers, shared by robust, compression and secure (their adaptive norms are
+  estimated with secure sums under secure)."""
+  component: ClassVar[str] = 'robust'
+  zeroing: bool = hparams_lib.field(True, 'adaptive zeroing of corrupted (very large) updates.')
+  clipping: bool = hparams_lib.field(True, 'adaptive L2 clipping of updates to a moderately high '
+                                     'norm (robustness to outliers).')
+  weighted: bool = hparams_lib.field(True, "weight the mean by the algorithm's weight (examples); "
+                                     'false: uniform over clients.')
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressionHParams(RobustHParams):
+  component: ClassVar[str] = 'compression'
+  bits: int = hparams_lib.field(8, 'uniform quantisation bit-width of each compressed tensor.',
+                                minimum=1, maximum=16)
+  threshold: int = hparams_lib.field(20000, 'only tensors with more elements than this are '
+                                     'quantised (TFF default 20000; smaller ones go as float32).',
+                                     minimum=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class SecureHParams(RobustHParams):
+  component: ClassVar[str] = 'secure'
+
+
+@dataclasses.dataclass(frozen=True)
+class DpHParams(hparams_lib.HParams):
+  component: ClassVar[str] = 'dp'
+  noise_multiplier: float = hparams_lib.field(
+      1.0, 'Gaussian noise standard deviation / L2 clip (0: no noise, epsilon = inf).',
+      minimum=0.0)
+  clip: float = hparams_lib.field(
+      0.0, 'fixed L2 clip of each client update; 0: adaptive clipping '
+      '(tff.learning.dp_aggregator, which needs a noise multiplier small enough for the clients '
+      'per round).', minimum=0.0)
+  target_delta: float = hparams_lib.field(
+      0.0, 'delta of the reported (epsilon, delta); 0: 1 / num_clients^1.1.', minimum=0.0,
+      maximum=1.0, max_exclusive=True)
+  zeroing: bool = hparams_lib.field(True, 'adaptive zeroing of corrupted updates (adaptive clip '
+                                    'only).')
+
+
+@dataclasses.dataclass(frozen=True)
+class Aggregator:
+  """A registered aggregator: its settings and `make(hparams, RunShape) -> factory or None`."""
+  name: str
+  HParams: type
+  make: Callable[[Any, RunShape], Optional[tff.aggregators.AggregationFactory]]
+  private: bool = False  # DP or secure sums: refused where their guarantee would not hold.
+
+
+def _compression(hp: CompressionHParams, shape: RunShape):
+  del shape
+  # tff.learning.compression_aggregator fixes bits=8 and threshold=20000. This is the same
+  # composition with them as settings, wrapped in TFF's own default adaptive clipping and zeroing
+  # (private helpers of TFF 0.87, its last release, so they cannot change under us).
+  from tensorflow_federated.python.learning import model_update_aggregator as mua  # pylint: disable=g-import-not-at-top
+  factory = tff.aggregators.EncodedSumFactory.quantize_above_threshold(
+      quantization_bits=hp.bits, threshold=hp.threshold)
+  factory = (tff.aggregators.MeanFactory(factory) if hp.weighted
+             else tff.aggregators.UnweightedMeanFactory(factory))
+  if hp.clipping:
+    factory = mua._default_clipping(factory)  # pylint: disable=protected-access
+  if hp.zeroing:
+    factory = mua._default_zeroing(factory)  # pylint: disable=protected-access
+  return factory
+
+
+def _dp(hp: DpHParams, shape: RunShape):
+  try:
+    return dp_aggregator(hp.noise_multiplier, shape.clients_per_round, shape.num_clients,
+                         target_delta=hp.target_delta or None, max_rounds=shape.rounds,
+                         zeroing=hp.zeroing, clip=hp.clip or None)
+  except ValueError as e:
+    if hp.clip:
+      raise ValueError(f'--aggregator=dp: {e}') from None
+    # TFF's adaptive clipping spends part of the noise on estimating the clip, with a count noise
+    # of 0.05 * clients per round; the total must stay below twice that (adaptive_clip_noise_params).
+    raise ValueError(
+        f'--dp_noise_multiplier={hp.noise_multiplier}: adaptive clipping (--dp_clip=0) needs a '
+        f'noise multiplier below 0.1 x --clients_per_round = {0.1 * shape.clients_per_round:g} '
+        '(TFF spends part of the noise on estimating the clip); lower it, sample more clients, '
+        f'or give a fixed --dp_clip. (TFF: {e})') from None
+
+
+_REGISTRY = hparams_lib.Registry('aggregator')
+for _entry in (
+    Aggregator('mean', hparams_lib.NoHParams, lambda hp, shape: None),
+    Aggregator('robust', RobustHParams, lambda hp, shape: tff.learning.robust_aggregator(
+        zeroing=hp.zeroing, clipping=hp.clipping, weighted=hp.weighted)),
+    Aggregator('dp', DpHParams, _dp, private=True),
+    Aggregator('compression', CompressionHParams, _compression),
+    Aggregator('secure', SecureHParams, lambda hp, shape: tff.learning.secure_aggregator(
+        zeroing=hp.zeroing, clipping=hp.clipping, weighted=hp.weighted), private=True),
+):
+  _REGISTRY.add(_entry.name, _entry)
+
+
+def names():
+  return _REGISTRY.names()
+
+
+def hparams_class(name: str) -> type:
+  return _REGISTRY.get(name).HParams
+
+
+def is_private(name: str) -> bool:
+  return _REGISTRY.get(name).private
+
+
+def build(name: str, hparams: Optional[hparams_lib.HParams], shape: RunShape
+          ) -> Optional[tff.aggregators.AggregationFactory]:
+  """The factory of aggregator `name` (None for 'mean': the runtimes' plain sum)."""
+  entry = _REGISTRY.get(name)
+  return entry.make(entry.HParams() if hparams is None else hparams, shape)
+
+
+def check_algorithm(algorithm_cls: type, aggregator: str) -> None:
+  """Name-level compatibility of --algorithm and --aggregator (before anything is built)."""
+  if aggregator == 'mean':
+    return
+  if algorithm_cls.upload is None:
+    raise ValueError(
+        f'--aggregator={aggregator}: --algorithm={algorithm_cls.name} has no upload that '
+        "tff.aggregators can aggregate (they take one weighted mean of a model delta); use "
+        '--aggregator=mean.')
+  if is_private(aggregator) and algorithm_cls.name == 'fednova':
+    raise ValueError(_FEDNOVA_PRIVATE.format(what=f'--aggregator={aggregator}'))
+
+
+_FEDNOVA_PRIVATE = (
+    "{what} cannot be combined with 'fednova': its upload carries the normaliser a_i (local "
+    'steps, tens to thousands), which would dominate the clipped L2 norm and be noised with the '
+    "update. Use 'fedavg', 'fedprox' or 'fedavgm'.")
+
+
+# ------------------------------------------------------------------------------------------------
+# Deltas
+# ------------------------------------------------------------------------------------------------
+
+
+def check_upload(algorithm: base.Algorithm, what: str = 'model_aggregator') -> None:
+  if algorithm.upload not in ('model', 'delta'):
+    raise ValueError(f'{what}: algorithm {algorithm.name!r} has no upload that tff.aggregators can '
+                     'aggregate (Algorithm.upload is None).')
+
+
+def client_update(algorithm: base.Algorithm, broadcast, output: base.ClientOutput):
+  """What a client sends to a factory: contribution / weight, as a delta (TF ops)."""
+  w = output.weight
+  inv = tf.math.divide_no_nan(1.0, w)
+  if algorithm.upload == 'delta':
+    return tf.nest.map_structure(lambda c: c * inv, output.contribution)
+  # A client without data (w = 0) sends a zero delta, not -x.
+  return tf.nest.map_structure(
+      lambda c, x: tf.where(w > 0, c * inv - x, tf.zeros_like(c)), output.contribution,
+      algorithm.update_reference(broadcast))
+
+
+def summed_contribution(algorithm: base.Algorithm, broadcast, mean_update, total_weight):
+  """The aggregated mean delta back in the form `algorithm.server_step` takes: the SUM of
+  weighted contributions, given the summed weight."""
+  update = mean_update
+  if algorithm.upload == 'model':
+    update = tf.nest.map_structure(tf.add, mean_update, algorithm.update_reference(broadcast))
+  return tf.nest.map_structure(lambda u: u * total_weight, update)
+
+
+def nonnegative_variances(algorithm: base.Algorithm, weights: list) -> list:
+  """BN moving variances clamped at 0: noise (DP) or quantisation can push an averaged variance
+  below zero; a variance never is, and this is post-processing (no privacy cost)."""
+  spec = algorithm.spec
+  return [tf.maximum(w, 0.0) if b and not t and 'moving_variance' in n else w
+          for w, n, b, t in zip(weights, spec.names, spec.batchnorm, spec.trainable)]
+
+
+def create(factory, update_type, weight_type, algorithm: base.Algorithm,
+           state_on_server: bool, what: str = 'model_aggregator'
+           ) -> tff.templates.AggregationProcess:
+  """The factory's AggregationProcess for the algorithm's update, after the compatibility check."""
+  if not isinstance(factory, (tff.aggregators.WeightedAggregationFactory,
+                              tff.aggregators.UnweightedAggregationFactory)):
+    raise ValueError(f'{what} must be a tff.aggregators factory (weighted or unweighted), got '
+                     f'{type(factory).__name__}.')
+  check_upload(algorithm, what)
+  try:
+    if isinstance(factory, tff.aggregators.WeightedAggregationFactory):
+      process = factory.create(update_type, weight_type)
+    else:
+      process = factory.create(update_type)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f'{what}: {type(factory).__name__} cannot aggregate the update of '
+                     f'{algorithm.name!r} ({update_type}): {e}') from e
+  check(algorithm.name, factory, process, state_on_server, what)
+  return process
+
+
+def is_weighted(factory) -> bool:
+  return isinstance(factory, tff.aggregators.WeightedAggregationFactory)
+
+
+# ------------------------------------------------------------------------------------------------
+# Compatibility with privacy
+# ------------------------------------------------------------------------------------------------
+
+STATEFUL_ALGORITHMS = ('fedbn', 'moon', 'scaffold')
+
+
+def check(name: str, factory, process, state_on_server: bool, what: str = 'model_aggregator'
+          ) -> None:
+  """Refuses a privacy mechanism where its guarantee would not hold.
+
+  `state_on_server`: the per-client state (FedBN BN, SCAFFOLD c_i, MOON previous model) is held by
+  the server (tff_decorr.learning: tff.learning has no client-placed state). bin/train's runtime
+  keeps it CLIENTS-placed, where a deployed client would keep it, so only FedNova is refused there.
+  """
+  private = sorted(set(_private_parts(factory))) + (['secure aggregation intrinsics']
+                                                    if _secure_intrinsics(process) else [])
+  if not private:
+    return
+  if state_on_server and name in STATEFUL_ALGORITHMS:
+    raise ValueError(
+        f'{what}: {", ".join(private)} cannot be combined with {name!r}. Its per-client '
+        'state (FedBN BN variables, SCAFFOLD control variates, MOON previous model) is held by the '
+        'server in this simulation (tff.learning has no client-placed state), which would void the '
+        "privacy guarantee. Use 'fedavg', 'fedprox' or 'fedavgm' with a private aggregator.")
+  if name == 'fednova':
+    raise ValueError(_FEDNOVA_PRIVATE.format(what=f'{what}: {", ".join(private)}'))
+
+
+def _private_factories():
+  return (tff.aggregators.DifferentiallyPrivateFactory, tff.aggregators.SecureSumFactory,
+          tff.aggregators.SecureModularSumFactory, AccountedDpFactory)
+
+
+def _private_parts(factory, seen=None) -> list:
+  """Names of the privacy mechanisms (DP, secure sums) inside a factory and its inner factories."""
+  seen = set() if seen is None else seen
+  if id(factory) in seen:
+    return []
+  seen.add(id(factory))
+  found = [type(factory).__name__] if isinstance(factory, _private_factories()) else []
+  # Inner factories are attributes, or (TFF's robust wrappers) closure cells of `create`.
+  create_fn = getattr(type(factory), 'create', None)
+  cells = [c.cell_contents for c in (getattr(create_fn, '__closure__', None) or ())]
+  for value in list(vars(factory).values()) + cells:
+    for v in (value if isinstance(value, (list, tuple)) else [value]):
+      if isinstance(v, tff.aggregators.AggregationFactory):
+        found += _private_parts(v, seen)
+  return found
+
+
+def _secure_intrinsics(process) -> bool:
+  return any(isinstance(c, tff.framework.Intrinsic) and 'secure' in c.uri for c in _nodes(process))
+
+
+# ------------------------------------------------------------------------------------------------
+# Bytes on the wire
+# ------------------------------------------------------------------------------------------------
+
+
+def upload_bytes_per_client(aggregation_process: tff.templates.AggregationProcess) -> int:
+  """Bytes each client sends in one call of `aggregation_process.next`, from TFF's own types.
+
+  The sum, over every aggregating intrinsic call in the process (federated_sum, _mean, _aggregate,
+  secure sums, ...), of the sizes of its CLIENTS-placed tensor arguments. This is the wire format
+  the aggregator defines: an encoded (compressed) factory sends its encoded tensors, adaptive
+  clipping adds its per-client indicator, a weighted mean adds the weight.
+  """
+  total = 0
+  for comp in _nodes(aggregation_process):
+    if not (isinstance(comp, tff.framework.Call) and isinstance(comp.function,
+                                                                tff.framework.Intrinsic)):
+      continue
+    result = comp.function.type_signature.result
+    if not (isinstance(result, tff.FederatedType) and result.placement == tff.SERVER):
+      continue
+    if comp.argument is None:
+      continue
+    for t in _flatten_type(comp.argument.type_signature):
+      if isinstance(t, tff.FederatedType) and t.placement == tff.CLIENTS:
+        total += tensor_bytes(t.member)
+  return total
+
+
+def _nodes(process):
+  """Every node of the building block of `process.next` (TFF's compiled form)."""
+  stack = [process.next.to_building_block()]
+  while stack:
+    comp = stack.pop()
+    stack.extend(comp.children())
+    yield comp
+
+
+def _flatten_type(t):
+  if isinstance(t, tff.StructType):
+    out = []
+    for child in t.children():
+      out.extend(_flatten_type(child))
+    return out
+  return [t]
+
+
+def tensor_bytes(t) -> int:
+  """Bytes of a TFF type's tensors (structures summed; sequences and functions count 0)."""
+  if isinstance(t, tff.StructType):
+    return sum(tensor_bytes(c) for c in t.children())
+  if isinstance(t, tff.TensorType):
+    if t.shape is None or any(d is None for d in t.shape):
+      raise ValueError(f'cannot count the bytes of a tensor of unknown shape: {t}.')
+    return int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
+  return 0
+
+
+def flat_measurements(measurements, prefix: str = 'aggregator') -> dict:
+  """A factory's nested measurements as {'aggregator/<path>': float} (scalars only)."""
+  out = {}
+
+  def walk(value, path):
+    if isinstance(value, collections.abc.Mapping):
+      for k, v in value.items():
+        walk(v, f'{path}/{k}')
+    elif hasattr(value, '_asdict'):
+      walk(value._asdict(), path)
+    elif isinstance(value, (list, tuple)):
+      for i, v in enumerate(value):
+        walk(v, f'{path}/{i}')
+    else:
+      arr = np.asarray(value)
+      if arr.shape == () and arr.dtype.kind in 'fiub':
+        out[path] = float(arr)
+
+  walk(measurements, prefix)
+  return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Differential privacy: accounting
+# ------------------------------------------------------------------------------------------------
+
+
+def dp_epsilons(noise_multiplier: float, clients_per_round: int, num_clients: int,
+                rounds: int, target_delta: float) -> np.ndarray:
+  """epsilon after 1..`rounds` rounds of the Gaussian mechanism on clipped client updates.
+
+  Accounting: Renyi DP (dp_accounting, shipped with TFF), one Gaussian event of `noise_multiplier`
+  per round on a uniform sample of `clients_per_round` of `num_clients` clients without replacement
+  (what `tff.program.ClientIdDataSource` and bin/train's sampling draw), replace-one adjacency (a
+  fixed denominator, as TFF's DP mean). RDP composes additively, so one round is computed once.
+  """
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  from dp_accounting.rdp import rdp_privacy_accountant as rdp  # pylint: disable=g-import-not-at-top
+  if noise_multiplier <= 0:
+    return np.full([rounds], np.inf)
+  event = dp_accounting.SampledWithoutReplacementDpEvent(
+      num_clients, clients_per_round, dp_accounting.GaussianDpEvent(noise_multiplier))
+  accountant = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+  accountant.compose(event)
+  # pylint: disable=protected-access
+  orders, one_round = accountant._orders, np.asarray(accountant._rdp)
+  # pylint: enable=protected-access
+  return np.array([rdp.compute_epsilon(orders, r * one_round, target_delta)[0]
+                   for r in range(1, rounds + 1)])
+
+
+def default_delta(num_clients: int) -> float:
+  return 1.0 / num_clients ** 1.1
+
+
+class AccountedDpFactory(tff.aggregators.UnweightedAggregationFactory):
+  """`tff.learning.dp_aggregator` that also reports the privacy spent (`dp_epsilon` measurement).
+
+  TFF's DP factories cannot report epsilon: they know the noise multiplier but not how many
+  clients there are (the sampling rate), the accounting delta, or the number of rounds. This one is
+  told, and reports epsilon after each round (its state counts rounds, so a resumed run continues
+  the count). Build it with `dp_aggregator`.
+  """
+
+  def __init__(self, inner: tff.aggregators.UnweightedAggregationFactory, epsilons: np.ndarray,
+               target_delta: float):
+    self.inner = inner
+    self.epsilons = np.asarray(epsilons, np.float64)
+    self.target_delta = float(target_delta)
+
+  def create(self, value_type):
+    inner = self.inner.create(value_type)
+    table = self.epsilons
+    last = len(table) - 1
+
+    @tff.tensorflow.computation
+    def zero_round():
+      return tf.constant(0, tf.int32)
+
+    @tff.federated_computation
+    def init_fn():
+      return tff.federated_zip(collections.OrderedDict(
+          inner=inner.initialize(), round=tff.federated_eval(zero_round, tff.SERVER)))
+
+    @tff.tensorflow.computation(tf.int32)
+    def account(round_num):
+      # Past the precomputed table: report +inf rather than an understated epsilon.
+      known = tf.gather(tf.constant(table, tf.float32), tf.minimum(round_num, last))
+      eps = tf.where(round_num > last, tf.constant(np.inf, tf.float32), known)
+      return collections.OrderedDict(round=round_num + 1, epsilon=eps)
+
+    @tff.federated_computation(init_fn.type_signature.result,
+                               tff.FederatedType(value_type, tff.CLIENTS))
+    def next_fn(state, value):
+      out = inner.next(state.inner, value)
+      accounted = tff.federated_map(account, state.round)
+      return tff.templates.MeasuredProcessOutput(
+          state=tff.federated_zip(collections.OrderedDict(inner=out.state,
+                                                          round=accounted.round)),
+          result=out.result,
+          measurements=tff.federated_zip(collections.OrderedDict(
+              dp=out.measurements, dp_epsilon=accounted.epsilon)))
+
+    return tff.templates.AggregationProcess(init_fn, next_fn)
+
+
+def dp_aggregator(noise_multiplier: float, clients_per_round: int, num_clients: int,
+                  target_delta: Optional[float] = None, max_rounds: int = 10000,
+                  zeroing: bool = True, clip: Optional[float] = None) -> AccountedDpFactory:
+  """DP-FedAvg aggregation (TFF's own factories) that reports epsilon in its measurements.
+
+  clip=None: `tff.learning.dp_aggregator` (adaptive clipping, its noise_multiplier is the total);
+  clip=C: `tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed` with L2 clip C.
+  target_delta default: 1 / num_clients**1.1 (smaller than 1/N, the usual choice).
+  The mean divides by clients_per_round: sample exactly that many clients a round.
+  """
+  if not noise_multiplier >= 0:
+    raise ValueError(f'noise_multiplier must be >= 0, got {noise_multiplier!r}.')
+  if not 1 <= clients_per_round <= num_clients:
+    raise ValueError(f'clients_per_round must be in [1, num_clients={num_clients}], got '
+                     f'{clients_per_round!r}.')
+  delta = target_delta if target_delta is not None else default_delta(num_clients)
+  if clip is None:
+    inner = tff.learning.dp_aggregator(noise_multiplier, clients_per_round, zeroing=zeroing)
+  else:
+    inner = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+        noise_multiplier, clients_per_round, clip)
+  eps = dp_epsilons(noise_multiplier, clients_per_round, num_clients, max_rounds, delta)
+  return AccountedDpFactory(inner, eps, delta)
