@@ -9,9 +9,9 @@ between the variants:
   process_mean         build_process('fedavg', ...) with its default aggregator, the weighted
                        tff.aggregators.MeanFactory()
   process_robust       model_aggregator=tff.learning.robust_aggregator() (zeroing + clipping)
-  process_compression  tff.learning.compression_aggregator() (8-bit quantisation of tensors of more
-                       than 20,000 values; digits' small_cnn has none, so there it sends float32
-                       and only its zeroing and clipping work and bytes remain)
+  process_compression  the composition of tff.learning.compression_aggregator() with its size
+                       threshold as a setting (--compression_threshold, default 1000 here: TFF's
+                       20,000 would quantise no tensor of small_cnn)
   process_secure       tff.learning.secure_aggregator() (the project's context runs secure sums as
                        plain sums; what is timed is the aggregator's extra work, not a protocol)
   process_dp           tff_decorr.learning.dp_aggregator(...) (epsilon accounting included); by
@@ -20,6 +20,9 @@ between the variants:
                        TFF's adaptive clipping (--dp_clip=0) refuses a noise multiplier of
                        0.1 x clients_per_round or more (1.0 with 10 clients). DP averages clients
                        uniformly (an unweighted mean); the cost, not the model, is compared.
+  runtime_<aggregator> the same four aggregators as bin/train runs them: --aggregator=robust,
+                       compression, secure, dp in the project's TFF runtime (bench._common.Runner
+                       over config.make(aggregator=...)), with the settings above
 
 Each round samples clients with tff_decorr.program.sample_clients, so every variant trains the same
 clients on the same shards in the same round (the LearningProcess keys each client's shuffle on
@@ -64,8 +67,9 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 from bench import _common  # pylint: disable=g-import-not-at-top
 
 BASELINE = 'runtime'
-VARIANTS = (BASELINE, 'process_mean', 'process_robust', 'process_compression', 'process_secure',
-            'process_dp')
+AGGREGATORS = ('robust', 'compression', 'secure', 'dp')
+VARIANTS = ((BASELINE, 'process_mean') + tuple(f'process_{a}' for a in AGGREGATORS)
+            + tuple(f'runtime_{a}' for a in AGGREGATORS))
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum('task', 'digits', ['digits', 'cifar10'],
@@ -78,15 +82,24 @@ flags.DEFINE_list('variants', list(VARIANTS),
 flags.DEFINE_float('dp_noise_multiplier', 1.0, 'Noise multiplier of process_dp.')
 flags.DEFINE_float('dp_clip', 1.0, 'Fixed L2 clip of process_dp; 0: TFF\'s adaptive clipping '
                    '(needs --dp_noise_multiplier < 0.1 x --num_clients).')
+flags.DEFINE_integer('compression_threshold', 1000, 'Tensors with more values than this are '
+                     'quantised to 8 bits by the compression variants (TFF default 20000: no '
+                     'tensor of small_cnn is that large).')
 flags.DEFINE_string('output_name', '', 'Name of the JSON in bench/results (default '
                     'learning_overhead_<task>).')
 
 
-def config():
-  """The one configuration every variant shares (the process variants reuse its Experiment)."""
+def config(aggregator: str = 'mean'):
+  """The configuration every variant shares (the process variants reuse the baseline's
+  Experiment; runtime_<aggregator> is bin/train's --aggregator=<aggregator>)."""
   from tff_decorr import config as config_lib  # pylint: disable=g-import-not-at-top
   digits = FLAGS.task == 'digits'
-  return config_lib.make(
+  settings = {}
+  if aggregator == 'dp':
+    settings = dict(dp_noise_multiplier=FLAGS.dp_noise_multiplier, dp_clip=FLAGS.dp_clip)
+  elif aggregator == 'compression':
+    settings = dict(compression_threshold=FLAGS.compression_threshold)
+  return config_lib.make(aggregator=aggregator, **settings,
       task=FLAGS.task, data_dir='' if digits else os.path.abspath(FLAGS.data_dir),
       model='' if digits else 'small_cnn', runtime='tff', algorithm='fedavg',
       regularizer='feddecorr', local_epochs=1, num_clients=FLAGS.num_clients,
@@ -102,8 +115,10 @@ def aggregator(name: str, num_clients: int):
     return None
   if name == 'process_robust':
     return tff.learning.robust_aggregator()
-  if name == 'process_compression':
-    return tff.learning.compression_aggregator()
+  if name == 'process_compression':  # compression_aggregator() with the threshold as a setting
+    from tff_decorr import aggregation  # pylint: disable=g-import-not-at-top
+    return aggregation.build('compression', aggregation.CompressionHParams(
+        threshold=FLAGS.compression_threshold), aggregation.RunShape(num_clients, num_clients, 1))
   if name == 'process_secure':
     return tff.learning.secure_aggregator()
   if name == 'process_dp':
@@ -214,7 +229,10 @@ def main(argv):
   base = RuntimeRunner(config())
   runners = {BASELINE: base}
   for name in names[1:]:
-    runners[name] = ProcessRunner(base, aggregator(name, base.exp.config.num_clients))
+    if name.startswith('runtime_'):
+      runners[name] = RuntimeRunner(config(name[len('runtime_'):]))
+    else:
+      runners[name] = ProcessRunner(base, aggregator(name, base.exp.config.num_clients))
   first, wall, cpu = _common.alternate(runners, FLAGS.repeats)
   summary = _common.summarize(wall, BASELINE)
   cpu_summary = _common.summarize(cpu, BASELINE)

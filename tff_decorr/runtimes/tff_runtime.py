@@ -21,9 +21,8 @@ the factory's measurements come back with the metrics as 'aggregator/<name>'.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
-
 import collections
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
