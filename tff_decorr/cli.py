@@ -136,7 +136,7 @@ def _os_error_from_tf(e: Exception):
 
 
 def define_component_flags(fv) -> None:
-  """One flag per setting of every registered algorithm, regulariser and partition,
+  """One flag per setting of every registered algorithm, regulariser, partition and aggregator,
   `--<component>_<setting>` (tff_decorr.hparams), plus the old spellings as deprecated aliases."""
   from tff_decorr import config  # pylint: disable=g-import-not-at-top
   for kind, name, spec in config.component_flag_specs():

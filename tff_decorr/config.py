@@ -1,10 +1,10 @@
 """A run's configuration: generic settings plus the settings of its chosen components.
 
 `Config` holds what every run has (task, model, clients, rounds, the client optimiser, seed,
-runtime, paths). The chosen algorithm, regulariser and partition each own their settings, declared
-once as a frozen dataclass in their module (tff_decorr.hparams); `Config.hparams` holds the chosen
-components' complete settings by component name, e.g. `{'fedprox': {'mu': 0.001},
-'feddecorr': {'beta': 0.1}, 'dirichlet': {'alpha': 0.5}}`.
+runtime, paths). The chosen algorithm, regulariser, partition and aggregator each own their
+settings, declared once as a frozen dataclass in their module (tff_decorr.hparams);
+`Config.hparams` holds the chosen components' complete settings by component name, e.g.
+`{'fedprox': {'mu': 0.001}, 'feddecorr': {'beta': 0.1}, 'dirichlet': {'alpha': 0.5}, 'mean': {}}`.
 
 `resolve` turns explicitly given values into Configs: explicit > the task's paper defaults (keyed
 `'<component>.<field>'`) > the component's own defaults. The flag spellings used before the

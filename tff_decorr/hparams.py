@@ -1,7 +1,8 @@
 """Hyper-parameters declared once, by the component that uses them.
 
-Every algorithm, regulariser and partition declares its settings as a frozen dataclass subclassing
-`HParams`, each field made with `field(default, help, ...)`. That one declaration gives:
+Every algorithm, regulariser, partition and aggregator declares its settings as a frozen dataclass
+subclassing `HParams`, each field made with `field(default, help, ...)`. That one declaration
+gives:
 - defaults and documentation (the field's help);
 - validation, in one place per value: `__post_init__` checks every field's type, finiteness,
   bounds and choices, and errors name the command-line flag (`--<component>_<field>`);
