@@ -57,6 +57,7 @@ class Runner:
     init = alg.initial_weights()
     self.client_states = [alg.initial_client_state(init) for _ in range(config.num_clients)]
     self.round = 0
+    self.metrics = None  # The last round's metrics (bytes_up, aggregator measurements, ...).
     self._program = program
 
   def inputs(self):
@@ -72,12 +73,21 @@ class Runner:
     states = [self.client_states[i] for i in ids]
     c0 = cpu_seconds()
     t0 = time.perf_counter()
-    self.state, new_states, _ = self.runtime.run_round(self.state, inputs, states)
+    self.state, new_states, self.metrics = self.runtime.run_round(self.state, inputs, states)
     elapsed = time.perf_counter() - t0
     cpu = cpu_seconds() - c0
     for i, s in zip(ids, new_states):
       self.client_states[i] = s
     return elapsed, cpu
+
+
+def check_flags(variants, known, repeats: int) -> None:
+  """--variants names only known variants and --repeats is positive (one message each)."""
+  unknown = [v for v in variants if v not in known]
+  if unknown:
+    raise ValueError(f'--variants: unknown {unknown}; choose from {", ".join(known)}.')
+  if repeats < 1:
+    raise ValueError(f'--repeats: must be >= 1, got {repeats}.')
 
 
 def alternate(runners: dict, repeats: int, log=print):

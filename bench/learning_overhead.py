@@ -140,20 +140,7 @@ def _plain(value):
 
 
 class RuntimeRunner(_common.Runner):
-  """The baseline: _common.Runner, timed unchanged, that also keeps the last round's metrics (for
-  its bytes_up) by wrapping the runtime's run_round (one Python call inside the timed span)."""
-
-  def __init__(self, config_):
-    super().__init__(config_)
-    self.metrics = None
-    run_round = self.runtime.run_round
-
-    def recording_run_round(*args):
-      out = run_round(*args)
-      self.metrics = out[2]
-      return out
-
-    self.runtime.run_round = recording_run_round
+  """The baseline and the runtime_* variants: _common.Runner, plus the bytes of its last round."""
 
   def bytes_per_round(self) -> dict:
     up = float(self.metrics['bytes_up'])
@@ -216,11 +203,7 @@ def bytes_table(bytes_up: dict) -> str:
 
 def main(argv):
   del argv
-  unknown = [v for v in FLAGS.variants if v not in VARIANTS]
-  if unknown:
-    raise ValueError(f'--variants: unknown {unknown}; choose from {", ".join(VARIANTS)}.')
-  if FLAGS.repeats < 1:
-    raise ValueError(f'--repeats: must be >= 1, got {FLAGS.repeats}.')
+  _common.check_flags(FLAGS.variants, VARIANTS, FLAGS.repeats)
   from tff_decorr import tff_context  # pylint: disable=g-import-not-at-top
   machine = _common.machine()
   names = [BASELINE] + [v for v in VARIANTS if v in FLAGS.variants and v != BASELINE]

@@ -71,11 +71,7 @@ def config(**kw):
 
 def main(argv):
   del argv
-  unknown = [v for v in FLAGS.variants if v not in VARIANTS]
-  if unknown:
-    raise ValueError(f'--variants: unknown {unknown}; choose from {", ".join(VARIANTS)}.')
-  if FLAGS.repeats < 1:
-    raise ValueError(f'--repeats: must be >= 1, got {FLAGS.repeats}.')
+  _common.check_flags(FLAGS.variants, VARIANTS, FLAGS.repeats)
   from tff_decorr import program  # pylint: disable=g-import-not-at-top
   program.set_gpu_memory_growth()
   machine = _common.machine()

@@ -221,10 +221,7 @@ def create(factory, update_type, weight_type, algorithm: base.Algorithm,
            state_on_server: bool, what: str = 'model_aggregator'
            ) -> tff.templates.AggregationProcess:
   """The factory's AggregationProcess for the algorithm's update, after the compatibility check."""
-  if not isinstance(factory, (tff.aggregators.WeightedAggregationFactory,
-                              tff.aggregators.UnweightedAggregationFactory)):
-    raise ValueError(f'{what} must be a tff.aggregators factory (weighted or unweighted), got '
-                     f'{type(factory).__name__}.')
+  check_factory(factory, what)
   check_upload(algorithm, what)
   try:
     if isinstance(factory, tff.aggregators.WeightedAggregationFactory):
@@ -236,6 +233,13 @@ def create(factory, update_type, weight_type, algorithm: base.Algorithm,
                      f'{algorithm.name!r} ({update_type}): {e}') from e
   check(algorithm.name, factory, process, state_on_server, what)
   return process
+
+
+def check_factory(factory, what: str = 'model_aggregator') -> None:
+  if not isinstance(factory, (tff.aggregators.WeightedAggregationFactory,
+                              tff.aggregators.UnweightedAggregationFactory)):
+    raise ValueError(f'{what} must be a tff.aggregators factory (weighted or unweighted), got '
+                     f'{type(factory).__name__}.')
 
 
 def is_weighted(factory) -> bool:

@@ -362,10 +362,7 @@ def build_process(name: str, model_fn: Callable[[], tf.keras.Model],
     hparams['num_clients'] = len(client_ids)
   if model_aggregator is None:
     model_aggregator = tff.aggregators.MeanFactory()
-  if not isinstance(model_aggregator, (tff.aggregators.WeightedAggregationFactory,
-                                       tff.aggregators.UnweightedAggregationFactory)):
-    raise ValueError('model_aggregator must be a tff.aggregators factory (weighted or '
-                     f'unweighted), got {type(model_aggregator).__name__}.')
+  aggregation.check_factory(model_aggregator)  # Before anything is built.
   dict_model_fn = lambda: as_dict_model(model_fn(), representation_layer)
   alg = algorithms.build(name, dict_model_fn, config, _algorithm_regularizer(regularizer),
                          **hparams)
@@ -391,7 +388,7 @@ class _ProcessBuilder:
     self.client_dataset_fn = client_dataset_fn
     self.client_ids = client_ids
     self.factory = factory
-    self.weighted = isinstance(factory, tff.aggregators.WeightedAggregationFactory)
+    self.weighted = aggregation.is_weighted(factory)
     self.seed = int(seed)
     self.stateful = alg.name in STATEFUL_ALGORITHMS
     aggregation.check_upload(alg)

@@ -181,7 +181,6 @@ def _build_aggregated(algorithm, client_dataset_fn, factory, server_init_tf, cli
     return new_state, outputs.client_state, metrics
 
   process = tff.templates.IterativeProcess(initialize, next_fn)
-  process.aggregation_process = agg
   process.upload_bytes_per_client = aggregation.upload_bytes_per_client(agg)
   return process
 
