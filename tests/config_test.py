@@ -93,6 +93,10 @@ class ConfigTest(absltest.TestCase):
         (dict(aggregator='robust', dp_clip=1.0), '--dp_clip: set.* --aggregator=robust'),
         (dict(aggregator='compression', compression_bits=20), '--compression_bits: must be <= 16'),
         (dict(aggregator='dp', dp_target_delta=1.0), '--dp_target_delta: must be < 1.0'),
+        (dict(aggregator='dp', dp_noise_multiplier=-0.5), '--dp_noise_multiplier: must be >= 0'),
+        (dict(aggregator='dp', dp_clip=-1.0), '--dp_clip: must be >= 0'),
+        (dict(aggregator='compression', compression_threshold=-1),
+         '--compression_threshold: must be >= 0'),
     ]
     for values, pattern in cases:
       with self.assertRaisesRegex(ValueError, pattern, msg=str(values)):
