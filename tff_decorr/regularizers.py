@@ -245,15 +245,17 @@ def decov_loss(z: tf.Tensor) -> tf.Tensor:
 
 @dataclasses.dataclass(frozen=True)
 class Regularizer:
-  """A regulariser ready for the client loss: `reg(representation, logits)` returns a float32
-  scalar already multiplied by its coefficient(s). `coefficients` holds its hyper-parameters by
+  """A regulariser ready for the client loss: `reg(representation, logits)` returns a scalar
+  already multiplied by its coefficient(s), float32 (float64 for a float64 representation, as in
+  the reference-equivalence test). `coefficients` holds its hyper-parameters by
   field name, e.g. {'beta': 0.1}; it is empty for 'none'."""
   name: str
   coefficients: Dict[str, float]
   fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
   def __call__(self, representation: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
-    return tf.cast(self.fn(representation, logits), tf.float32)
+    dtype = tf.float64 if representation.dtype == tf.float64 else tf.float32
+    return tf.cast(self.fn(representation, logits), dtype)
 
 
 @dataclasses.dataclass(frozen=True)

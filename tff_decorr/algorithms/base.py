@@ -144,10 +144,12 @@ class Algorithm:
 
 
 def weighted(values, weight):
-  return [weight * tf.convert_to_tensor(v) for v in values]
+  """Each value times the (float32) weight, in the value's own float type."""
+  values = [tf.convert_to_tensor(v) for v in values]
+  return [tf.cast(weight, v.dtype) * v for v in values]
 
 
 def safe_average(summed, weight, fallback):
   """summed / weight, or `fallback` when no client contributed (weight == 0)."""
-  return [tf.where(weight > 0, s / tf.maximum(weight, 1e-30), tf.convert_to_tensor(f))
-          for s, f in zip(summed, fallback)]
+  return [tf.where(weight > 0, s / tf.maximum(tf.cast(weight, s.dtype), 1e-30),
+                   tf.convert_to_tensor(f)) for s, f in zip(summed, fallback)]

@@ -87,9 +87,9 @@ def local_train(ws: Workspace, start_weights: Sequence[tf.Tensor], dataset: tf.d
   Workspace.assign(ws.weights, start_weights)
   for b in ws.momentum:
     b.assign(tf.zeros_like(b))
-  lr = tf.constant(config.lr, tf.float32)
-  mom = tf.constant(config.momentum, tf.float32)
-  wd = tf.constant(config.weight_decay, tf.float32)
+  # Python floats, made into constants of each variable's own type (a float32 0.01 cast to
+  # float64 would differ from 0.01 by 2e-8, which the float64 equivalence test would see).
+  lr, mom, wd = float(config.lr), float(config.momentum), float(config.weight_decay)
 
   zero = tf.constant(0.0, tf.float32)
 
@@ -106,10 +106,13 @@ def local_train(ws: Workspace, start_weights: Sequence[tf.Tensor], dataset: tf.d
       logits = outputs['logits']
       ce = tf.reduce_mean(
           tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
-      reg = (tf.cast(regularizer(outputs['representation'], logits), tf.float32)
-             if regularizer is not None else zero)
-      extra = (tf.cast(extra_loss(outputs, images, labels), tf.float32)
-               if extra_loss is not None else zero)
+      # The loss is computed in the model's float type (float32, or float64 in the reference
+      # equivalence test); metrics are summed in float32.
+      dtype = ce.dtype
+      reg = (tf.cast(regularizer(outputs['representation'], logits), dtype)
+             if regularizer is not None else tf.zeros([], dtype))
+      extra = (tf.cast(extra_loss(outputs, images, labels), dtype)
+               if extra_loss is not None else tf.zeros([], dtype))
       loss = ce + reg + extra
     grads = tape.gradient(loss, ws.trainable)
     if grad_correction is not None:
@@ -117,12 +120,13 @@ def local_train(ws: Workspace, start_weights: Sequence[tf.Tensor], dataset: tf.d
     for v, g, buf in zip(ws.trainable, grads, ws.momentum):
       if g is None:  # Unused variable: PyTorch skips parameters whose .grad is None.
         continue
-      g = tf.convert_to_tensor(g) + wd * v
-      buf.assign(mom * buf + g)
-      v.assign_sub(lr * buf)
+      g = tf.convert_to_tensor(g) + tf.constant(wd, v.dtype) * v
+      buf.assign(tf.constant(mom, v.dtype) * buf + g)
+      v.assign_sub(tf.constant(lr, v.dtype) * buf)
     preds = tf.cast(tf.argmax(logits, axis=-1), tf.int32)
     correct = tf.reduce_sum(tf.cast(tf.equal(preds, labels), tf.float32))
-    return loss * bs, ce * bs, reg * bs, extra * bs, correct, bs
+    f32 = lambda t: tf.cast(t, tf.float32) * bs
+    return f32(loss), f32(ce), f32(reg), f32(extra), correct, bs
 
   loss_sum, ce_sum, reg_sum, extra_sum, correct, examples = zero, zero, zero, zero, zero, zero
   steps = tf.constant(0, tf.int32)

@@ -5,7 +5,8 @@ conv 3x3 (384) BN ReLU; conv 3x3 (256) BN ReLU; conv 3x3 (256) BN ReLU maxpool 3
 adaptive average pooling to 6x6 (PyTorch's AdaptiveAvgPool2d semantics, so any input size that
 survives the three max-pools works: at least 63x63; FedBN uses 256x256);
 classifier: Dense 9216->4096 BN ReLU; Dense 4096->4096 BN ReLU (= the representation, 4096-d);
-Dense 4096->num_classes. Convs and dense layers have biases (PyTorch defaults). About 57M parameters.
+Dense 4096->num_classes. Convs and dense layers have biases. Initialised with PyTorch's defaults as
+FedBN's network (`init='torch'`, models/common.py). About 57M parameters.
 `hidden_dim` (default 4096, FedBN's) narrows the two hidden dense layers, e.g. for tests.
 With decomposed=True every conv (11x11, 5x5, 3x3) is decomposed; the dense layers stay plain.
 """
@@ -27,7 +28,7 @@ def _out(n, k, s, p=0):
 
 def alexnet_bn(num_classes: int, input_shape: Sequence[int], projection_dim: Optional[int] = None,
                decomposed: bool = False, num_atoms: Optional[int] = None,
-               hidden_dim: int = 4096) -> tf.keras.Model:
+               hidden_dim: int = 4096, init: str = 'torch') -> tf.keras.Model:
   num_classes, input_shape, projection_dim, decomposed, num_atoms = common.check_common_args(
       num_classes, input_shape, projection_dim, decomposed, num_atoms)
   if not isinstance(hidden_dim, int) or hidden_dim < 1:
@@ -38,7 +39,7 @@ def alexnet_bn(num_classes: int, input_shape: Sequence[int], projection_dim: Opt
       raise ValueError(f'input_shape {input_shape}: alexnet_bn needs images of at least '
                        f'{MIN_SIZE}x{MIN_SIZE} (three 3x3/2 max-pools after a stride-4 conv); '
                        'resize the images or choose another --model.')
-  convs = common.Convs(decomposed, num_atoms)
+  convs = common.Convs(decomposed, num_atoms, init)
   inputs = tf.keras.Input(input_shape, name='images')
   x = inputs
   spec = ((64, 11, 4, 2, True), (192, 5, 1, 2, True), (384, 3, 1, 1, False),
@@ -51,7 +52,7 @@ def alexnet_bn(num_classes: int, input_shape: Sequence[int], projection_dim: Opt
   x = common.AdaptiveAveragePooling2D((6, 6), name='avgpool')(x)
   x = tf.keras.layers.Flatten(name='flatten')(x)
   for i in (6, 7):
-    x = tf.keras.layers.Dense(hidden_dim, name=f'fc{i - 5}')(x)
+    x = common.dense(x, hidden_dim, init, f'fc{i - 5}')
     x = tf.keras.layers.ReLU(name=f'relu{i}')(common.batch_norm(f'bn{i}')(x))
-  rep, logits = common.head(x, num_classes, projection_dim)
+  rep, logits = common.head(x, num_classes, projection_dim, init)
   return common.make_model(inputs, rep, logits, 'alexnet_bn')

@@ -14,7 +14,8 @@ classes, the "2.30M" of the paper):
 Convs have no bias (BN follows). Total stride 8: 32x32 -> 4x4, 64x64 -> 8x8 before pooling.
 With decomposed=True every 3x3 conv is decomposed: the stem (DecomposedConv2D) and the 17
 depthwise convs (DecomposedDepthwiseConv2D); the 1x1 expansion / projection / shortcut / last convs
-stay plain.
+stay plain. Initialisation: PyTorch's defaults, as the reference network has no init of its own
+(`init='torch'`, models/common.py).
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ def _block(x, convs: common.Convs, in_ch: int, out_ch: int, expansion: int, stri
 
 def mobilenet_v2_cifar(num_classes: int, input_shape: Sequence[int],
                        projection_dim: Optional[int] = None, decomposed: bool = False,
-                       num_atoms: Optional[int] = None) -> tf.keras.Model:
+                       num_atoms: Optional[int] = None, init: str = 'torch') -> tf.keras.Model:
   num_classes, input_shape, projection_dim, decomposed, num_atoms = common.check_common_args(
       num_classes, input_shape, projection_dim, decomposed, num_atoms)
-  convs = common.Convs(decomposed, num_atoms)
+  convs = common.Convs(decomposed, num_atoms, init)
   inputs = tf.keras.Input(input_shape, name='images')
   x = convs.conv(inputs, 32, 3, strides=1, padding=1, name='stem')
   x = tf.keras.layers.ReLU(name='stem_relu')(common.batch_norm('stem_bn')(x))
@@ -65,5 +66,5 @@ def mobilenet_v2_cifar(num_classes: int, input_shape: Sequence[int],
   x = convs.conv(x, 1280, 1, name='last_conv')
   x = tf.keras.layers.ReLU(name='last_relu')(common.batch_norm('last_bn')(x))
   pooled = tf.keras.layers.GlobalAveragePooling2D(name='pool')(x)
-  rep, logits = common.head(pooled, num_classes, projection_dim)
+  rep, logits = common.head(pooled, num_classes, projection_dim, init)
   return common.make_model(inputs, rep, logits, 'mobilenet_v2_cifar')

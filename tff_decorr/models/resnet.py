@@ -10,6 +10,9 @@
   average pooling (512-d; the reference's fixed 4x4 window only works at 32x32). 11,173,962
   parameters for 10 classes.
 Convs have no bias. With decomposed=True every 3x3 conv is decomposed (1x1 shortcuts stay plain).
+Initialisation (`init`, models/common.py) follows the reference: resnet20/32 apply its
+`_weights_init` (Kaiming-normal conv and linear weights: 'kaiming_normal'); its resnet18 does not,
+so it starts from PyTorch's defaults ('torch').
 """
 
 from __future__ import annotations
@@ -57,10 +60,10 @@ def _basic_block(x, convs: common.Convs, out_ch: int, stride: int, option: str, 
 
 
 def _resnet(name, widths, blocks, option, num_classes, input_shape, projection_dim, decomposed,
-            num_atoms):
+            num_atoms, init):
   num_classes, input_shape, projection_dim, decomposed, num_atoms = common.check_common_args(
       num_classes, input_shape, projection_dim, decomposed, num_atoms)
-  convs = common.Convs(decomposed, num_atoms)
+  convs = common.Convs(decomposed, num_atoms, init)
   inputs = tf.keras.Input(input_shape, name='images')
   x = convs.conv(inputs, widths[0], 3, strides=1, padding=1, name='stem')
   x = tf.keras.layers.ReLU(name='stem_relu')(common.batch_norm('stem_bn')(x))
@@ -69,23 +72,26 @@ def _resnet(name, widths, blocks, option, num_classes, input_shape, projection_d
       stride = 2 if (stage > 0 and i == 0) else 1
       x = _basic_block(x, convs, width, stride, option, name=f'stage{stage + 1}_block{i}')
   pooled = tf.keras.layers.GlobalAveragePooling2D(name='pool')(x)
-  rep, logits = common.head(pooled, num_classes, projection_dim)
+  rep, logits = common.head(pooled, num_classes, projection_dim, init)
   return common.make_model(inputs, rep, logits, name)
 
 
 def resnet20(num_classes: int, input_shape: Sequence[int], projection_dim: Optional[int] = None,
-             decomposed: bool = False, num_atoms: Optional[int] = None) -> tf.keras.Model:
+             decomposed: bool = False, num_atoms: Optional[int] = None,
+             init: str = 'kaiming_normal') -> tf.keras.Model:
   return _resnet('resnet20', (16, 32, 64), (3, 3, 3), 'A', num_classes, input_shape,
-                 projection_dim, decomposed, num_atoms)
+                 projection_dim, decomposed, num_atoms, init)
 
 
 def resnet32(num_classes: int, input_shape: Sequence[int], projection_dim: Optional[int] = None,
-             decomposed: bool = False, num_atoms: Optional[int] = None) -> tf.keras.Model:
+             decomposed: bool = False, num_atoms: Optional[int] = None,
+             init: str = 'kaiming_normal') -> tf.keras.Model:
   return _resnet('resnet32', (16, 32, 64), (5, 5, 5), 'A', num_classes, input_shape,
-                 projection_dim, decomposed, num_atoms)
+                 projection_dim, decomposed, num_atoms, init)
 
 
 def resnet18(num_classes: int, input_shape: Sequence[int], projection_dim: Optional[int] = None,
-             decomposed: bool = False, num_atoms: Optional[int] = None) -> tf.keras.Model:
+             decomposed: bool = False, num_atoms: Optional[int] = None,
+             init: str = 'torch') -> tf.keras.Model:
   return _resnet('resnet18', (64, 128, 256, 512), (2, 2, 2, 2), 'B', num_classes, input_shape,
-                 projection_dim, decomposed, num_atoms)
+                 projection_dim, decomposed, num_atoms, init)

@@ -3,7 +3,8 @@
 conv 3x3 (width) + BN + ReLU; max-pool 2x2; conv 3x3 (2 width) + ReLU; global average pooling;
 Dense(representation_dim) + ReLU = the representation; linear classifier. The one
 BatchNormalization layer exercises the BN paths (BN-statistics averaging, FedBN). Both 3x3 convs
-are decomposed with decomposed=True. Works for any input of at least 2x2.
+are decomposed with decomposed=True. Works for any input of at least 2x2. Not a port of PyTorch
+code, so it keeps Keras' initialisation by default (`init`, models/common.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from tff_decorr.models import common
 
 def small_cnn(num_classes: int, input_shape: Sequence[int], projection_dim: Optional[int] = None,
               decomposed: bool = False, num_atoms: Optional[int] = None, width: int = 32,
-              representation_dim: int = 64) -> tf.keras.Model:
+              representation_dim: int = 64, init: str = 'keras') -> tf.keras.Model:
   num_classes, input_shape, projection_dim, decomposed, num_atoms = common.check_common_args(
       num_classes, input_shape, projection_dim, decomposed, num_atoms)
   for arg, v in (('width', width), ('representation_dim', representation_dim)):
@@ -25,7 +26,7 @@ def small_cnn(num_classes: int, input_shape: Sequence[int], projection_dim: Opti
       raise ValueError(f'{arg} must be an integer >= 1, got {v!r}.')
   if min(input_shape[:2]) < 2:
     raise ValueError(f'input_shape {input_shape}: small_cnn needs images of at least 2x2.')
-  convs = common.Convs(decomposed, num_atoms)
+  convs = common.Convs(decomposed, num_atoms, init)
   inputs = tf.keras.Input(input_shape, name='images')
   x = convs.conv(inputs, width, 3, padding=1, use_bias=False, name='conv1')
   x = tf.keras.layers.ReLU(name='relu1')(common.batch_norm('bn1')(x))
@@ -33,6 +34,6 @@ def small_cnn(num_classes: int, input_shape: Sequence[int], projection_dim: Opti
   x = convs.conv(x, 2 * width, 3, padding=1, use_bias=True, name='conv2')
   x = tf.keras.layers.ReLU(name='relu2')(x)
   x = tf.keras.layers.GlobalAveragePooling2D(name='pool')(x)
-  x = tf.keras.layers.Dense(representation_dim, activation='relu', name='fc')(x)
-  rep, logits = common.head(x, num_classes, projection_dim)
+  x = common.dense(x, representation_dim, init, 'fc', activation='relu')
+  rep, logits = common.head(x, num_classes, projection_dim, init)
   return common.make_model(inputs, rep, logits, 'small_cnn')
