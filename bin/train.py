@@ -42,6 +42,7 @@ def define_flags(fv: flags.FlagValues = FLAGS) -> None:
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   from tff_decorr import aggregation  # pylint: disable=g-import-not-at-top
   from tff_decorr import algorithms  # pylint: disable=g-import-not-at-top
+  from tff_decorr import models  # pylint: disable=g-import-not-at-top
   from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
   from tff_decorr import regularizers  # pylint: disable=g-import-not-at-top
   d = dict(flag_values=fv)
@@ -72,6 +73,10 @@ def define_flags(fv: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_bool('decomposed', False, 'Use filter-decomposed convolutions (atoms x '
                     'coefficients).', **d)
   flags.DEFINE_integer('num_atoms', 0, 'Atoms per decomposed convolution (0: k*k).', **d)
+  flags.DEFINE_enum('init', None, list(models.INITS), 'Weight initialisation (default: the '
+                    'model\'s reference one, as the PyTorch code it ports: kaiming_normal for '
+                    'resnet20/32, torch for resnet18, mobilenet_v2_cifar, alexnet_bn; keras for '
+                    'small_cnn).', **d)
   flags.DEFINE_enum('runtime', 'tff', ['tff', 'tf'], 'tff: TFF C++ runtime (CPU, remote '
                     'workers); tf: the same TF functions in this process (uses a GPU).', **d)
   flags.DEFINE_string('data_dir', None, 'TFDS data dir (prepared datasets are read offline).', **d)

@@ -71,6 +71,26 @@ class ConfigTest(absltest.TestCase):
     (dp,) = resolve(task='digits', regularizer='feddecorr', aggregator='dp', dp_clip=1.0)
     self.assertNotEqual(run_dir.differences(config.migrate_dict(written), dp.to_dict()), [])
 
+  def test_initialisation_defaults_to_the_models_reference_and_old_runs_are_not_mixed_in(self):
+    (r20,) = resolve(task='cifar10', model='resnet20', regularizer='none')
+    (mob,) = resolve(task='cifar10', regularizer='none')
+    (dig,) = resolve(task='digits', regularizer='none')
+    self.assertEqual((r20.init, mob.init, dig.init), ('kaiming_normal', 'torch', 'keras'))
+    # A config.json from before `init` existed was built with Keras' initialisation: resuming it
+    # with today's default is a different configuration (refused unless --overwrite or --init).
+    written = mob.to_dict()
+    del written['init']
+    self.assertEqual(run_dir.differences(config.migrate_dict(written), mob.to_dict()),
+                     ['init'])
+    (mob_keras,) = resolve(task='cifar10', regularizer='none', init='keras')
+    self.assertEqual(run_dir.differences(config.migrate_dict(written), mob_keras.to_dict()), [])
+    # The default keeps the default directory name; another initialisation gets its own.
+    self.assertNotEqual(mob_keras.output_dir, mob.output_dir)
+    self.assertEqual(resolve(task='cifar10', regularizer='none', init='torch')[0].output_dir,
+                     mob.output_dir)
+    with self.assertRaisesRegex(ValueError, '^--init: unknown initialisation'):
+      config.make(task='digits', init='glorot')
+
   def test_aggregator_settings_are_component_flags(self):
     (c,) = resolve(task='digits', regularizer='none', aggregator='dp', dp_noise_multiplier=0.3,
                    dp_clip=2.0)

@@ -62,6 +62,9 @@ class Config:
   projection_dim: int = 0
   decomposed: bool = False
   num_atoms: int = 0
+  # Initialisation of the model's weights: '' resolves to the model's own (the PyTorch code it
+  # ports: models.default_init), or 'torch' | 'kaiming_normal' | 'keras' (models/common.py).
+  init: str = ''
   runtime: str = 'tff'
   eval_every: int = 1
   export_every: int = 0
@@ -101,6 +104,11 @@ def registry(kind: str):
   raise ValueError(f'unknown component kind {kind!r}.')
 
 
+def _models():
+  from tff_decorr import models  # pylint: disable=g-import-not-at-top
+  return models
+
+
 KINDS = ('algorithm', 'regularizer', 'partition', 'aggregator')
 # Kinds added after runs were first written: a config.json without one means its default.
 _LATER_KINDS = {'aggregator': 'mean'}
@@ -130,6 +138,9 @@ def validate(c: Config) -> None:
     bad('task', f'unknown task {c.task!r}; choose one of {", ".join(task_registry.names())}.')
   if c.model and c.model not in models.names():
     bad('model', f'unknown model {c.model!r}; choose one of {", ".join(models.names())}.')
+  if c.init and c.init not in models.INITS:
+    bad('init', f'unknown initialisation {c.init!r}; choose one of {", ".join(models.INITS)} '
+        '(or leave it out: the model\'s reference initialisation).')
   for kind in KINDS:
     names = registry(kind).names()
     if getattr(c, kind) not in names:
@@ -196,6 +207,8 @@ def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[s
   values = {f: defaults.get(f, getattr(Config, f)) for f in GENERIC_FIELDS}
   values.update({k: v for k, v in generic.items() if v is not None and k in GENERIC_FIELDS})
   values['model'] = values['model'] or task.default_model
+  if not values['init'] and values['model'] in _models().names():
+    values['init'] = _models().default_init(values['model'])
   if generic.get('clients_per_round') is None:
     values['clients_per_round'] = defaults.get('clients_per_round', values['num_clients'])
   algorithm_cls = registry('algorithm').algorithm_class(values['algorithm'])
@@ -264,7 +277,7 @@ def _component_settings(kind, name, explicit, task_defaults) -> Dict[str, Any]:
 
 def from_dict(d: Mapping[str, Any]) -> Config:
   """A Config from config.json, including files written before component settings existed."""
-  d = dict(d)
+  d = _add_init(dict(d))
   if 'hparams' not in d:
     d = _migrate_flat(d)
   d = _add_later_kinds(d)
@@ -275,7 +288,15 @@ def from_dict(d: Mapping[str, Any]) -> Config:
 def migrate_dict(d: Mapping[str, Any]) -> dict:
   """config.json contents in today's form (old flat files are translated; a component kind
   added since, e.g. the aggregator, gets its default)."""
-  return from_dict(d).to_dict() if 'hparams' not in d else _add_later_kinds(dict(d))
+  return from_dict(d).to_dict() if 'hparams' not in d else _add_later_kinds(_add_init(dict(d)))
+
+
+def _add_init(d: dict) -> dict:
+  # Runs written before `init` existed built every model with Keras' initialisation: resuming one
+  # with today's default (the model's reference initialisation) is refused as a different
+  # configuration, never mixed into it silently (issue 23).
+  d.setdefault('init', 'keras')
+  return d
 
 
 def _add_later_kinds(d: dict) -> dict:
@@ -331,6 +352,10 @@ def directory_hash(config: Config, task, legacy: Mapping[str, Any]) -> str:
     return defaults.get(f'{component}.{field}', fallback)
 
   flat = {k: v for k, v in config.to_dict().items() if k != 'hparams'}
+  # `init` came later: its default for the model keeps the name (a run written before, with Keras'
+  # initialisation, is then refused by config comparison, see _add_init); another value is hashed.
+  if config.model in _models().names() and flat['init'] == _models().default_init(config.model):
+    del flat['init']
   for kind, default in _LATER_KINDS.items():
     if flat[kind] == default:  # Runs from before the kind existed keep their names.
       del flat[kind]

@@ -41,6 +41,8 @@ class Experiment:
       model_kwargs['decomposed'] = True
       if c.num_atoms:
         model_kwargs['num_atoms'] = c.num_atoms
+    if c.init:
+      model_kwargs['init'] = c.init
     self._model_kwargs = model_kwargs
     self.regularizer = regularizers.get(c.regularizer, c.component_hparams('regularizer'))
     # Local epochs live in the client dataset (tasks.client_data): each epoch's order is a stateless

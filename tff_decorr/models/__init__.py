@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_decorr.models import alexnet_bn as _alexnet_bn
+from tff_decorr.models import common as _common
 from tff_decorr.models import decomposed as _decomposed
 from tff_decorr.models import mobilenet_v2 as _mobilenet_v2
 from tff_decorr.models import resnet as _resnet
@@ -33,8 +34,19 @@ _REGISTRY: Dict[str, Callable[..., tf.keras.Model]] = {
 }
 
 
+INITS = _common.INITS
+
+
 def names() -> Tuple[str, ...]:
   return tuple(_REGISTRY)
+
+
+def default_init(name: str) -> str:
+  """The initialisation model `name` uses by default: that of the PyTorch code it ports
+  (docs/models.md, models/common.py)."""
+  if name not in _REGISTRY:
+    raise ValueError(f'--model: unknown model {name!r}; choose one of {", ".join(names())}.')
+  return inspect.signature(_REGISTRY[name]).parameters['init'].default
 
 
 def build(name: str, *, num_classes: int, input_shape: Sequence[int], **kwargs) -> tf.keras.Model:
