@@ -16,7 +16,7 @@ measured with its main.py on the same data, issue 23) are printed beside them.
   .venv/bin/python -m bench.fidelity --alphas=0.05,0.5 --inits=reference
 
 Runs already finished are reused (bin/train resumes), so an interrupted benchmark continues.
-Writes bench/results/fidelity.json.
+Writes bench/results/fidelity_alpha<alphas>.json.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def main(argv):
             'results': results, 'reference': {f'{a}/{r}': v for (a, r), v in REFERENCE.items()},
             'wall_time_s': time.time() - t0, 'load_avg_end': os.getloadavg()}
   os.makedirs(os.path.join(_ROOT, 'bench', 'results'), exist_ok=True)
-  path = os.path.join(_ROOT, 'bench', 'results', 'fidelity.json')
+  path = os.path.join(_ROOT, 'bench', 'results', f'fidelity_alpha{"_".join(FLAGS.alphas)}.json')
   with open(path, 'w') as f:
     json.dump(report, f, indent=2)
   print('\nfinal test accuracy %, mean +- std over seeds ' + ','.join(FLAGS.seeds))
