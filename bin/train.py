@@ -57,6 +57,7 @@ def define_flags(fv: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_enum('aggregator', None, list(aggregation.names()),
                     "Model aggregation: mean (the algorithm's own weighted sum, default) or a "
                     'tff.aggregators factory over client deltas: robust, dp, compression, secure '
+                    '(simulated: no cryptography, TFF 0.87 has no secure-aggregation protocol) '
                     '(--runtime=tff; settings --<aggregator>_<setting>).', **d)
   flags.DEFINE_integer('num_clients', None, f'Number of clients ({_T}).', **d)
   flags.DEFINE_integer('clients_per_round', None, 'Clients sampled per round (default: all).', **d)

@@ -180,6 +180,18 @@ class TrainWithAggregatorTest(tf.test.TestCase):
       training.train(c, log=lambda s: None)
     self.assertFalse(os.path.exists(c.output_dir))  # a failed start leaves nothing behind
 
+  def test_secure_says_it_is_simulated_in_the_log_and_the_summary(self):
+    out = tempfile.mkdtemp()
+    c = config.make(task='digits', num_clients=4, clients_per_round=2, rounds=1, local_epochs=1,
+                    aggregator='secure', regularizer='none', cache_dir=os.path.join(out, 'cache'))
+    c.output_dir = os.path.join(out, 'run')
+    lines = []
+    summary = training.train(c, log=lines.append)
+    self.assertIn('Note: --aggregator=secure is simulated: ', '\n'.join(lines))
+    self.assertIn('no cryptography', summary['aggregator_note'])
+    with open(os.path.join(c.output_dir, 'summary.json')) as f:
+      self.assertEqual(json.load(f)['aggregator_note'], summary['aggregator_note'])
+
   def test_dp_delta_of_one_over_n_or_more_is_refused_naming_the_flag(self):
     c = config.make(task='digits', num_clients=4, clients_per_round=2, aggregator='dp',
                     dp_noise_multiplier=0.5, dp_clip=1.0, dp_target_delta=0.25,

@@ -88,6 +88,7 @@ class ConfigTest(absltest.TestCase):
     self.assertNotEqual(mob_keras.output_dir, mob.output_dir)
     self.assertEqual(resolve(task='cifar10', regularizer='none', init='torch')[0].output_dir,
                      mob.output_dir)
+    self.assertIn('secure (simulated: no cryptography', train.FLAGS['aggregator'].help)
     with self.assertRaisesRegex(ValueError, '^--init: unknown initialisation'):
       config.make(task='digits', init='glorot')
 

@@ -91,6 +91,8 @@ class Aggregator:
   HParams: type
   make: Callable[[Any, RunShape], Optional[tff.aggregators.AggregationFactory]]
   private: bool = False  # DP or secure sums: refused where their guarantee would not hold.
+  # What a user must know about the guarantee (logged at the start, kept in summary.json).
+  note: str = ''
 
 
 def _compression(hp: CompressionHParams, shape: RunShape):
@@ -129,6 +131,10 @@ def _dp(hp: DpHParams, shape: RunShape):
         f'or give a fixed --dp_clip. (TFF: {e})') from None
 
 
+SECURE_NOTE = ('simulated: TFF 0.87\'s runtime has no secure-aggregation protocol, so the '
+               'secure sums run as plain sums (bounds, clipping and quantisation are applied; '
+               'there is no cryptography and the server sees each client\'s update)')
+
 _REGISTRY = hparams_lib.Registry('aggregator')
 for _entry in (
     Aggregator('mean', hparams_lib.NoHParams, lambda hp, shape: None),
@@ -137,7 +143,8 @@ for _entry in (
     Aggregator('dp', DpHParams, _dp, private=True),
     Aggregator('compression', CompressionHParams, _compression),
     Aggregator('secure', SecureHParams, lambda hp, shape: tff.learning.secure_aggregator(
-        zeroing=hp.zeroing, clipping=hp.clipping, weighted=hp.weighted), private=True),
+        zeroing=hp.zeroing, clipping=hp.clipping, weighted=hp.weighted), private=True,
+               note=SECURE_NOTE),
 ):
   _REGISTRY.add(_entry.name, _entry)
 
@@ -148,6 +155,11 @@ def names():
 
 def hparams_class(name: str) -> type:
   return _REGISTRY.get(name).HParams
+
+
+def note(name: str) -> str:
+  """What the aggregator's guarantee is not ('' when nothing needs saying)."""
+  return _REGISTRY.get(name).note
 
 
 def is_private(name: str) -> bool:

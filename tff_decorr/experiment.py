@@ -115,7 +115,11 @@ class Experiment:
                                   aggregator=self.aggregator)
 
   def privacy(self, rounds: int) -> dict:
-    """(epsilon, delta) after `rounds` rounds under --aggregator=dp (else {})."""
+    """(epsilon, delta) after `rounds` rounds under --aggregator=dp; under an aggregator whose
+    guarantee needs a caveat (secure: simulated), that caveat; else {}."""
+    note = aggregation.note(self.config.aggregator)
+    if note:
+      return {'aggregator_note': f'--aggregator={self.config.aggregator}: {note}'}
     if not isinstance(self.aggregator, aggregation.AccountedDpFactory) or rounds < 1:
       return {}
     # The factory's table covers rounds 1..config.rounds, the most a summary can report.

@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_decorr import aggregation
 from tff_decorr import client_state
 from tff_decorr import config as config_lib
 from tff_decorr import experiment
@@ -75,6 +76,8 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
   log(('Resuming' if resumed else 'Configuration') + ' (saved to ' +
       run_dir.config_path(config.output_dir) + '):')
   log(json.dumps(config.to_dict(), indent=None, sort_keys=True))
+  if aggregation.note(config.aggregator):
+    log(f'Note: --aggregator={config.aggregator} is {aggregation.note(config.aggregator)}.')
   evaluator = exp.evaluator()
   test_ds = exp.test_dataset()
   initial_weights = exp.algorithm.initial_weights()
