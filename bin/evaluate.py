@@ -37,7 +37,7 @@ flags.DEFINE_string('task', None, 'Task whose test split to use (default: the ta
 flags.DEFINE_string('data_dir', None, 'TFDS data dir.')
 flags.DEFINE_string('output_dir', None, 'Where to write evaluation.json and confusion_matrix.png '
                     '(default: <saved_model>/../evaluation).')
-flags.DEFINE_integer('batch_size', 256, 'Evaluation batch size.')
+flags.DEFINE_integer('batch_size', 256, 'Evaluation batch size (>= 1).', lower_bound=1)
 
 
 

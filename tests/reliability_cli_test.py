@@ -169,6 +169,16 @@ class ReliabilityCliTest(absltest.TestCase):
     self.assert_one_line(self.train(['--rounds=1', f'--output_dir={blocker}/run'], check=False),
                          2, blocker)
 
+  def test_evaluate_bad_batch_size_and_a_file_instead_of_a_model(self):
+    for bad in ('0', '-1'):
+      self.assert_one_line(self.train([f'--saved_model={self.ref}', f'--batch_size={bad}'],
+                                      check=False, module='bin.evaluate'), 2, '--batch_size')
+    a_file = os.path.join(self.tmp, 'model.txt')
+    with open(a_file, 'w') as f:
+      f.write('x')
+    self.assert_one_line(self.train([f'--saved_model={a_file}'], check=False,
+                                    module='bin.evaluate'), 2, 'is a file, not a SavedModel')
+
   def test_read_only_output_for_train_evaluate_and_analyze(self):
     with _tmpfs(self, '1m') as ro:
       subprocess.run(['mount', '-o', 'remount,ro', ro], check=True)

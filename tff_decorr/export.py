@@ -133,6 +133,9 @@ def load_serving(path: str, flag: str = '--saved_model'):
   """Loads an exported model; returns (serving function, metadata). Clear errors for bad paths."""
   if os.path.isdir(os.path.join(path, 'export', 'saved_model')):
     path = os.path.join(path, 'export', 'saved_model')  # A run directory was given.
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise SavedModelError(f'{flag}={path} is a file, not a SavedModel; give a SavedModel '
+                          'directory (export/saved_model of a run) or a run directory of bin/train.')
   if not os.path.isdir(path):
     raise SavedModelError(f'{flag}={path} does not exist; give a SavedModel directory or a run '
                           'directory of bin/train.')
