@@ -89,6 +89,8 @@ class ConfigTest(absltest.TestCase):
     self.assertEqual(resolve(task='cifar10', regularizer='none', init='torch')[0].output_dir,
                      mob.output_dir)
     self.assertIn('secure (simulated: no cryptography', train.FLAGS['aggregator'].help)
+    self.assertEqual([c.regularizer for c in resolve(task='digits', regularizer='none,none')],
+                     ['none'])
     with self.assertRaisesRegex(ValueError, '^--init: unknown initialisation'):
       config.make(task='digits', init='glorot')
 

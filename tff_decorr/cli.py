@@ -174,7 +174,8 @@ def resolve_configs(fv) -> list:
     components.setdefault(name, {})[spec.field] = fv[spec.name].value
   legacy = {old: fv[old].value for old in config.LEGACY_ALIASES if fv[old].value is not None}
   regs = fv.regularizer or task.defaults.get('regularizer', 'feddecorr')
-  reg_list = [r.strip() for r in str(regs).split(',') if r.strip()]
+  # Each regulariser once (`none,none` is one run, not the same run twice).
+  reg_list = list(dict.fromkeys(r.strip() for r in str(regs).split(',') if r.strip()))
   configs = config.resolve(task, generic, components, legacy, reg_list,
                            warn=lambda s: print(s, file=sys.stderr, flush=True))
   for c in configs:
