@@ -1,7 +1,8 @@
 r"""Shows how a task's train split is divided among clients: the clients x classes count matrix.
 
-  bazel run //bin:partition -- --task=cifar10 --data_dir=/data/tfds --alpha=0.05 --num_clients=10
-  .venv/bin/python -m bin.partition --alpha=0.5 --output=/tmp/digits_partition.png
+  bazel run //bin:partition -- --task=cifar10 --data_dir=/data/tfds --dirichlet_alpha=0.05 \
+      --num_clients=10
+  .venv/bin/python -m bin.partition --dirichlet_alpha=0.5 --output=/tmp/digits_partition.png
 
 Prints the matrix and writes a heatmap PNG (the picture FL papers show), using exactly the partition
 code bin/train uses (same seed, same clients).
@@ -24,8 +25,13 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 FLAGS = flags.FLAGS
 flags.DEFINE_string('task', 'digits', 'Task name.')
 flags.DEFINE_string('partition', 'dirichlet', 'dirichlet|pathological|iid|domain.')
-flags.DEFINE_float('alpha', 0.5, 'Dirichlet concentration (inf: IID).')
-flags.DEFINE_integer('classes_per_client', 2, 'Pathological partition: classes per client.')
+# The names bin/train uses; --alpha and --classes_per_client are their deprecated spellings, as
+# in bin/train (config.LEGACY_ALIASES), for this release.
+flags.DEFINE_float('dirichlet_alpha', 0.5, 'Dirichlet concentration (inf: IID).')
+flags.DEFINE_integer('pathological_classes_per_client', 2,
+                     'Pathological partition: classes per client.')
+flags.DEFINE_float('alpha', None, 'Deprecated: --dirichlet_alpha.')
+flags.DEFINE_integer('classes_per_client', None, 'Deprecated: --pathological_classes_per_client.')
 flags.DEFINE_integer('num_clients', 10, 'Number of clients.')
 flags.DEFINE_integer('seed', 0, 'Partition seed (same meaning as bin/train --seed).')
 flags.DEFINE_string('data_dir', None, 'TFDS data dir.')
@@ -60,10 +66,17 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   from tff_decorr import plots  # pylint: disable=g-import-not-at-top
+  alpha, classes_per_client = FLAGS.dirichlet_alpha, FLAGS.pathological_classes_per_client
+  for old, new in (('alpha', 'dirichlet_alpha'),
+                   ('classes_per_client', 'pathological_classes_per_client')):
+    if FLAGS[old].value is not None:
+      print(f'warning: --{old} is deprecated and will be removed; use --{new}.', file=sys.stderr)
+  alpha = FLAGS.alpha if FLAGS.alpha is not None else alpha
+  if FLAGS.classes_per_client is not None:
+    classes_per_client = FLAGS.classes_per_client
   try:
-    counts, task = partition_counts(FLAGS.task, FLAGS.partition, FLAGS.alpha,
-                                    FLAGS.classes_per_client, FLAGS.num_clients, FLAGS.seed,
-                                    FLAGS.data_dir)
+    counts, task = partition_counts(FLAGS.task, FLAGS.partition, alpha, classes_per_client,
+                                    FLAGS.num_clients, FLAGS.seed, FLAGS.data_dir)
   except (ValueError, FileNotFoundError) as e:
     print(f'partition: error: {e}', file=sys.stderr)
     return 2
@@ -78,7 +91,7 @@ def main(argv):
   if not os.path.isabs(out):
     out = os.path.join(os.environ.get('BUILD_WORKING_DIRECTORY', os.getcwd()), out)
   title = (f'{FLAGS.task}: {FLAGS.partition}' +
-           (f' alpha={FLAGS.alpha:g}' if FLAGS.partition == 'dirichlet' else '') +
+           (f' alpha={alpha:g}' if FLAGS.partition == 'dirichlet' else '') +
            f', {counts.shape[0]} clients, seed {FLAGS.seed}')
   plots.plot_count_matrix(counts, out, title=title)
   print(f'wrote {out}')

@@ -15,7 +15,8 @@ class PartitionCliTest(absltest.TestCase):
 
   def test_matrix_and_png_match_the_library(self):
     png = os.path.join(tempfile.mkdtemp(), 'p.png')
-    proc = testutil.run_module('bin.partition', '--alpha=0.3', '--num_clients=5', '--seed=2',
+    proc = testutil.run_module('bin.partition', '--dirichlet_alpha=0.3', '--num_clients=5',
+                               '--seed=2',
                                f'--output={png}')
     self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
     self.assertGreater(os.path.getsize(png), 1000)
@@ -26,15 +27,21 @@ class PartitionCliTest(absltest.TestCase):
     np.testing.assert_array_equal(got, partitions.class_count_matrix(labels, parts, 10))
 
   def test_bad_flags(self):
-    for flag, name in (('--alpha=0', '--alpha'), ('--num_clients=100000', '--num_clients'),
+    # Errors name today's flags, also when the deprecated spelling was given; a tiny alpha gives
+    # the one-line error without NumPy warnings before it.
+    for flag, name in (('--dirichlet_alpha=0', '--dirichlet_alpha'),
+                       ('--alpha=0', '--dirichlet_alpha'),
+                       ('--dirichlet_alpha=1e-300', 'larger --dirichlet_alpha'),
+                       ('--num_clients=100000', '--num_clients'),
                        ('--task=imagenet', '--task'), ('--partition=domain', 'domain'),
-                       ('--partition=pathological --classes_per_client=20',
-                        '--classes_per_client')):
+                       ('--partition=pathological --pathological_classes_per_client=20',
+                        '--pathological_classes_per_client')):
       proc = testutil.run_module('bin.partition', *flag.split(),
                                  f'--output={tempfile.mkdtemp()}/x.png')
       self.assertEqual(proc.returncode, 2, (flag, proc.stderr[-1000:]))
       self.assertIn(name, proc.stderr)
       self.assertNotIn('Traceback', proc.stderr)
+      self.assertNotIn('RuntimeWarning', proc.stderr)
 
 
 if __name__ == '__main__':

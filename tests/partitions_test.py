@@ -115,15 +115,15 @@ class DirichletTest(parameterized.TestCase):
 
   def test_errors_name_the_flag(self):
     labels = np.arange(100) % 10
-    with self.assertRaisesRegex(ValueError, '--alpha'):
+    with self.assertRaisesRegex(ValueError, '--dirichlet_alpha'):
       partitions.dirichlet_partition(labels, 5, 0.0)
-    with self.assertRaisesRegex(ValueError, '--alpha'):
+    with self.assertRaisesRegex(ValueError, '--dirichlet_alpha'):
       partitions.dirichlet_partition(labels, 5, -1.0)
     with self.assertRaisesRegex(ValueError, '--num_clients'):
       partitions.dirichlet_partition(labels, 101, 0.5)
     with self.assertRaisesRegex(ValueError, '--num_clients'):
       partitions.dirichlet_partition(labels, 20, 0.5)  # 20 clients x 10 > 100 examples.
-    with self.assertRaisesRegex(ValueError, 'larger --alpha'):
+    with self.assertRaisesRegex(ValueError, 'larger --dirichlet_alpha'):
       partitions.dirichlet_partition(np.arange(200) % 10, 18, 0.01, max_tries=5)
     with self.assertRaisesRegex(ValueError, 'labels must be integers >= 0'):
       partitions.dirichlet_partition(np.arange(100) % 10 - 1, 5, 0.5)
@@ -142,9 +142,9 @@ class OtherPartitionsTest(absltest.TestCase):
       self.assertGreater(row[i % 10], 0)
     flat = np.concatenate(parts)
     self.assertLen(np.unique(flat), len(flat))
-    with self.assertRaisesRegex(ValueError, '--classes_per_client'):
+    with self.assertRaisesRegex(ValueError, '--pathological_classes_per_client'):
       partitions.pathological_partition(labels, 10, 11)
-    with self.assertRaisesRegex(ValueError, '--classes_per_client'):
+    with self.assertRaisesRegex(ValueError, '--pathological_classes_per_client'):
       partitions.pathological_partition(labels, 10, 0)
 
   def test_pathological_classes_nobody_holds(self):

@@ -67,7 +67,8 @@ def dirichlet_partition(labels: Sequence[int], num_clients: int, alpha: float, s
   _check_common(labels, num_clients)
   alpha = float(alpha)
   if not alpha > 0 or math.isnan(alpha):
-    raise ValueError(f'--alpha must be > 0 (smaller is more heterogeneous; inf is IID), got {alpha}.')
+    raise ValueError(f'--dirichlet_alpha must be > 0 (smaller is more heterogeneous; inf is IID), '
+                     f'got {alpha}.')
   if math.isinf(alpha):
     return iid_partition(len(labels), num_clients, seed)
   if min_size * num_clients > len(labels):
@@ -80,7 +81,9 @@ def dirichlet_partition(labels: Sequence[int], num_clients: int, alpha: float, s
   elif num_classes < k_max:
     raise ValueError(f'num_classes={num_classes} but the labels go up to {k_max - 1}.')
   classes = range(num_classes)
-  with _legacy_global_rng(seed):
+  # A tiny alpha makes some draws all zero (0/0 below): those draws are rejected like the
+  # reference's, and NumPy's warnings about them would only precede the one-line error.
+  with _legacy_global_rng(seed), np.errstate(divide='ignore', invalid='ignore'):
     for _ in range(max_tries):
       idx_batch = [[] for _ in range(num_clients)]
       for k in classes:
@@ -95,9 +98,9 @@ def dirichlet_partition(labels: Sequence[int], num_clients: int, alpha: float, s
         break
     else:
       raise ValueError(
-          f'--alpha={alpha}: no Dirichlet draw in {max_tries} tries gave every one of '
-          f'{num_clients} clients at least {min_size} examples; use a larger --alpha or fewer '
-          '--num_clients.')
+          f'--dirichlet_alpha={alpha}: no Dirichlet draw in {max_tries} tries gave every one of '
+          f'{num_clients} clients at least {min_size} examples; use a larger --dirichlet_alpha '
+          'or fewer --num_clients.')
     out = []
     for b in idx_batch:
       np.random.shuffle(b)
@@ -118,7 +121,7 @@ def pathological_partition(labels: Sequence[int], num_clients: int, classes_per_
   classes = np.unique(labels)
   c = len(classes)
   if not isinstance(classes_per_client, (int, np.integer)) or not 1 <= classes_per_client <= c:
-    raise ValueError(f'--classes_per_client must be between 1 and the {c} classes, got '
+    raise ValueError(f'--pathological_classes_per_client must be between 1 and the {c} classes, got '
                      f'{classes_per_client!r}.')
   rng = np.random.RandomState(seed)
   holders = {int(k): [] for k in classes}
