@@ -243,6 +243,22 @@ class RunDirTest(absltest.TestCase):
         configs.append(json.load(f)['a'])
     self.assertCountEqual(configs, [1, 2])
 
+  def test_overwrite_moves_aside_a_run_with_an_unreadable_config_json(self):
+    run_dir.prepare(self.out, {'a': 1}, log=lambda s: None)
+    with open(run_dir.config_path(self.out), 'w') as f:
+      f.write('{"a": ')  # cut mid-write
+    run_dir.unlock(self.out)
+    with self.assertRaisesRegex(run_dir.RunDirError, 'unreadable config.json.*pass --overwrite'):
+      run_dir.prepare(self.out, {'a': 1}, log=lambda s: None)
+    run_dir.unlock(self.out)
+    logged = []
+    self.assertFalse(run_dir.prepare(self.out, {'a': 1}, overwrite=True, log=logged.append))
+    self.assertIn('unreadable config.json', logged[0])
+    (aside,) = [n for n in os.listdir(self.root) if '.replaced-' in n]
+    with open(os.path.join(self.root, aside, 'config.json')) as f:
+      self.assertEqual(f.read(), '{"a": ')  # moved, never deleted
+    self.assertEqual(os.listdir(self.out), ['.lock'])
+
   def test_overwrite_with_the_same_configuration_resumes(self):
     run_dir.prepare(self.out, {'a': 1}, log=lambda s: None)
     run_dir.write_config(self.out, {'a': 1})

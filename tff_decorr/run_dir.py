@@ -95,8 +95,12 @@ def prepare(output_dir: str, config: Mapping[str, Any], overwrite: bool = False,
         old = json.load(f)
       old = migrate(old) if migrate else old
     except (OSError, json.JSONDecodeError, ValueError) as e:
-      raise RunDirError(f'--output_dir={output_dir} has an unreadable config.json ({e}); '
-                        'use another --output_dir, or pass --overwrite to move it aside.') from e
+      if not overwrite:
+        raise RunDirError(f'--output_dir={output_dir} has an unreadable config.json ({e}); '
+                          'use another --output_dir, or pass --overwrite to move it aside.') from e
+      aside = _move_aside(output_dir)  # What the message above promises.
+      log(f'--overwrite: {output_dir} had an unreadable config.json ({e}); moved it to {aside}')
+      return False
   if old is not None and not differences(old, config):
     if overwrite:
       log(f'--overwrite: {output_dir} holds a run with the same configuration; resuming it '
