@@ -99,15 +99,19 @@ def assign_torch_state(model: tf.keras.Model, state: Mapping[str, np.ndarray]) -
     v.assign(x)
 
 
-def torch_names(model: tf.keras.Model, state: Mapping[str, np.ndarray]) -> Dict[str, str]:
-  """Keras variable name -> PyTorch state-dict key, for reading a comparison by either name."""
-  names = {}
+def _paired_variables(model: tf.keras.Model, state: Mapping[str, np.ndarray]):
+  """(PyTorch key, Keras variable, Keras layer) for every weight, in the pairing
+  assign_torch_state uses."""
   for (prefix, params), layer in zip(_torch_modules(state), _keras_layers(model)):
     fields = _BN_FIELDS if isinstance(layer, tf.keras.layers.BatchNormalization) else \
         [f for f in ('weight', 'bias') if f in params]
     for v, f in zip(layer.weights, fields):
-      names[v.name] = f'{prefix}.{f}'
-  return names
+      yield f'{prefix}.{f}', v, layer
+
+
+def torch_names(model: tf.keras.Model, state: Mapping[str, np.ndarray]) -> Dict[str, str]:
+  """Keras variable name -> PyTorch state-dict key, for reading a comparison by either name."""
+  return {v.name: key for key, v, _ in _paired_variables(model, state)}
 
 
 def to_torch_layout(model: tf.keras.Model, state: Mapping[str, np.ndarray]
@@ -115,15 +119,12 @@ def to_torch_layout(model: tf.keras.Model, state: Mapping[str, np.ndarray]
   """`model`'s current weights as a state_dict shaped like `state` (the inverse of
   assign_torch_state), for comparing with arrays a PyTorch run saved."""
   out = {}
-  for (prefix, params), layer in zip(_torch_modules(state), _keras_layers(model)):
-    fields = _BN_FIELDS if isinstance(layer, tf.keras.layers.BatchNormalization) else \
-        [f for f in ('weight', 'bias') if f in params]
-    for v, f in zip(layer.weights, fields):
-      x = v.numpy()
-      if f == 'weight' and x.ndim == 4:
-        x = x.transpose(2, 3, 0, 1) if isinstance(layer, tf.keras.layers.DepthwiseConv2D) \
-            else x.transpose(3, 2, 0, 1)
-      elif f == 'weight' and x.ndim == 2 and isinstance(layer, tf.keras.layers.Dense):
-        x = x.T
-      out[f'{prefix}.{f}'] = x
+  for key, v, layer in _paired_variables(model, state):
+    x = v.numpy()
+    if key.endswith('.weight') and x.ndim == 4:
+      x = x.transpose(2, 3, 0, 1) if isinstance(layer, tf.keras.layers.DepthwiseConv2D) \
+          else x.transpose(3, 2, 0, 1)
+    elif key.endswith('.weight') and x.ndim == 2 and isinstance(layer, tf.keras.layers.Dense):
+      x = x.T
+    out[key] = x
   return out
