@@ -131,8 +131,8 @@ class RuntimeAggregatorTest(tf.test.TestCase):
 
   def test_an_incompatible_factory_names_the_flag(self):
     alg = algorithms.build('fednova', MODEL, CFG, regularizers.get('none'))
-    with self.assertRaisesRegex(ValueError, "--aggregator: .*DifferentiallyPrivateFactory.* "
-                                "cannot be combined with 'fednova'"):
+    with self.assertRaisesRegex(ValueError, r"--aggregator \(.*DifferentiallyPrivateFactory.*\) "
+                                'cannot be combined with --algorithm=fednova'):
       tff_runtime.TffRuntime(alg, FN, aggregator=aggregation.dp_aggregator(
           0.5, 3, 4, clip=1.0))
     decomposed = algorithms.build('fedavg_decomposed', testing.tiny_decomposed_model, CFG,

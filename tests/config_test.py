@@ -110,7 +110,11 @@ class ConfigTest(absltest.TestCase):
     cases = [
         (dict(aggregator='dp', runtime='tf'), '--aggregator: dp .* only under --runtime=tff'),
         (dict(aggregator='secure', algorithm='fednova'), "--aggregator=secure cannot be combined "
-         "with 'fednova'"),
+         "with --algorithm=fednova: its upload carries the normaliser"),
+        (dict(aggregator='robust', algorithm='fednova'), "--aggregator=robust cannot be combined "
+         "with --algorithm=fednova"),
+        (dict(aggregator='dp', algorithm='scaffold'), "--aggregator=dp cannot be combined "
+         "with --algorithm=scaffold: its control-variate deltas"),
         (dict(aggregator='robust', algorithm='fedavg_decomposed', decomposed=True),
          '--aggregator=robust: --algorithm=fedavg_decomposed has no upload'),
         (dict(aggregator='robust', dp_clip=1.0), '--dp_clip: set.* --aggregator=robust'),

@@ -302,7 +302,7 @@ class TrainModelTest(tf.test.TestCase):
 
   def test_every_algorithm_runs_two_rounds_and_resumes(self):
     hparams = {'fedavgm': {'server_momentum': 0.5}, 'fedprox': {'mu': 0.01}}
-    for name in learning.PROCESS_ALGORITHMS:
+    for name in learning.process_algorithms():
       with self.subTest(name):
         process = learning.build_process(name, BN_MODEL, FN, config=CFG, client_ids=CLIENTS,
                                          **hparams.get(name, {}))
@@ -321,7 +321,7 @@ class TrainModelTest(tf.test.TestCase):
         for a, b in zip(_flat(resumed_final), _flat(final)):
           self.assertAllClose(a, b, atol=1e-5, rtol=1e-5)
         self.assertEqual(final.client_work['round'], 2)
-        if name in learning.STATEFUL_ALGORITHMS:
+        if algorithms.algorithm_class(name).stateful:
           # Every client trained in both rounds: each one's row of the state table moved.
           initial = asyncio.run(_materialize(process.initialize))
           for new, old in zip(_flat(final.client_work['states']),

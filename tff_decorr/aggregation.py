@@ -91,6 +91,8 @@ class Aggregator:
   HParams: type
   make: Callable[[Any, RunShape], Optional[tff.aggregators.AggregationFactory]]
   private: bool = False  # DP or secure sums: refused where their guarantee would not hold.
+  # Whether it bounds each client's upload on its L2 norm (clips or zeroes it), given its settings.
+  bounds_norm: Callable[[Any], bool] = lambda hp: False
   # What a user must know about the guarantee (logged at the start, kept in summary.json).
   note: str = ''
 
@@ -131,6 +133,10 @@ def _dp(hp: DpHParams, shape: RunShape):
         f'or give a fixed --dp_clip. (TFF: {e})') from None
 
 
+def _robust_bounds(hp: RobustHParams) -> bool:
+  return hp.zeroing or hp.clipping
+
+
 SECURE_NOTE = ('simulated: TFF 0.87\'s runtime has no secure-aggregation protocol, so the '
                'secure sums run as plain sums (bounds, clipping and quantisation are applied; '
                'there is no cryptography and the server sees each client\'s update)')
@@ -139,12 +145,14 @@ _REGISTRY = hparams_lib.Registry('aggregator')
 for _entry in (
     Aggregator('mean', hparams_lib.NoHParams, lambda hp, shape: None),
     Aggregator('robust', RobustHParams, lambda hp, shape: tff.learning.robust_aggregator(
-        zeroing=hp.zeroing, clipping=hp.clipping, weighted=hp.weighted)),
-    Aggregator('dp', DpHParams, _dp, private=True),
-    Aggregator('compression', CompressionHParams, _compression),
+        zeroing=hp.zeroing, clipping=hp.clipping, weighted=hp.weighted),
+               bounds_norm=_robust_bounds),
+    Aggregator('dp', DpHParams, _dp, private=True, bounds_norm=lambda hp: True),
+    Aggregator('compression', CompressionHParams, _compression, bounds_norm=_robust_bounds),
+    # Secure sums clip every value to the (estimated) bound of the modular sum.
     Aggregator('secure', SecureHParams, lambda hp, shape: tff.learning.secure_aggregator(
         zeroing=hp.zeroing, clipping=hp.clipping, weighted=hp.weighted), private=True,
-               note=SECURE_NOTE),
+               note=SECURE_NOTE, bounds_norm=lambda hp: True),
 ):
   _REGISTRY.add(_entry.name, _entry)
 
@@ -173,23 +181,39 @@ def build(name: str, hparams: Optional[hparams_lib.HParams], shape: RunShape
   return entry.make(entry.HParams() if hparams is None else hparams, shape)
 
 
-def check_algorithm(algorithm_cls: type, aggregator: str) -> None:
-  """Name-level compatibility of --algorithm and --aggregator (before anything is built)."""
-  if aggregator == 'mean':
+def check_algorithm(algorithm_cls: type, aggregator: str,
+                    hparams: Optional[hparams_lib.HParams] = None) -> None:
+  """Compatibility of --algorithm and --aggregator from their declarations (before anything is
+  built): the algorithm's capabilities (base.Algorithm) against the aggregator's properties."""
+  entry = _REGISTRY.get(aggregator)
+  hp = entry.HParams() if hparams is None else hparams
+  if aggregator == 'mean':  # The algorithm's own weighted sum: every algorithm has it.
     return
+  refusal(algorithm_cls, f'--aggregator={aggregator}', private=entry.private,
+          bounds_norm=entry.bounds_norm(hp))
+
+
+def refusal(algorithm_cls: type, what: str, *, private: bool, bounds_norm: bool,
+            state_on_server: bool = False) -> None:
+  """Raises one ValueError naming `what` when the algorithm cannot run under an aggregator with
+  these properties. `state_on_server`: per-client state is held by the server (the
+  LearningProcess: tff.learning has no client-placed state)."""
+  name = algorithm_cls.name
   if algorithm_cls.upload is None:
     raise ValueError(
-        f'--aggregator={aggregator}: --algorithm={algorithm_cls.name} has no upload that '
-        "tff.aggregators can aggregate (they take one weighted mean of a model delta); use "
-        '--aggregator=mean.')
-  if is_private(aggregator) and algorithm_cls.name == 'fednova':
-    raise ValueError(_FEDNOVA_PRIVATE.format(what=f'--aggregator={aggregator}'))
-
-
-_FEDNOVA_PRIVATE = (
-    "{what} cannot be combined with 'fednova': its upload carries the normaliser a_i (local "
-    'steps, tens to thousands), which would dominate the clipped L2 norm and be noised with the '
-    "update. Use 'fedavg', 'fedprox' or 'fedavgm'.")
+        f'{what}: --algorithm={name} has no upload that tff.aggregators can aggregate (they take '
+        'one weighted mean of a model delta); use --aggregator=mean.')
+  if private and state_on_server and algorithm_cls.stateful:
+    raise ValueError(
+        f'{what} cannot be combined with {name!r}: its per-client state (FedBN BN variables, '
+        'SCAFFOLD control variates, MOON previous model) is held by the server in this simulation '
+        '(tff.learning has no client-placed state), which would void the privacy guarantee. Use '
+        "'fedavg', 'fedprox' or 'fedavgm' with a private aggregator.")
+  reason = ((private and algorithm_cls.private_refusal)
+            or (bounds_norm and algorithm_cls.norm_bound_refusal))
+  if reason:
+    raise ValueError(f'{what} cannot be combined with --algorithm={name}: {reason}. Use '
+                     '--aggregator=mean, or another algorithm.')
 
 
 # ------------------------------------------------------------------------------------------------
@@ -246,7 +270,7 @@ def create(factory, update_type, weight_type, algorithm: base.Algorithm,
   except (TypeError, ValueError) as e:
     raise ValueError(f'{what}: {type(factory).__name__} cannot aggregate the update of '
                      f'{algorithm.name!r} ({update_type}): {e}') from e
-  check(algorithm.name, factory, process, state_on_server, what)
+  check(type(algorithm), factory, process, state_on_server, what)
   return process
 
 
@@ -265,29 +289,36 @@ def is_weighted(factory) -> bool:
 # Compatibility with privacy
 # ------------------------------------------------------------------------------------------------
 
-STATEFUL_ALGORITHMS = ('fedbn', 'moon', 'scaffold')
-
-
-def check(name: str, factory, process, state_on_server: bool, what: str = 'model_aggregator'
-          ) -> None:
-  """Refuses a privacy mechanism where its guarantee would not hold.
+def check(algorithm_cls: type, factory, process, state_on_server: bool,
+          what: str = 'model_aggregator') -> None:
+  """Refuses an aggregator where the algorithm's declared capabilities say its result would be
+  wrong or its guarantee would not hold (`refusal`), from what the built process contains.
 
   `state_on_server`: the per-client state (FedBN BN, SCAFFOLD c_i, MOON previous model) is held by
   the server (tff_decorr.learning: tff.learning has no client-placed state). bin/train's runtime
-  keeps it CLIENTS-placed, where a deployed client would keep it, so only FedNova is refused there.
+  keeps it CLIENTS-placed, where a deployed client would keep it.
   """
   private = sorted(set(_private_parts(factory))) + (['secure aggregation intrinsics']
                                                     if _secure_intrinsics(process) else [])
-  if not private:
-    return
-  if state_on_server and name in STATEFUL_ALGORITHMS:
-    raise ValueError(
-        f'{what}: {", ".join(private)} cannot be combined with {name!r}. Its per-client '
-        'state (FedBN BN variables, SCAFFOLD control variates, MOON previous model) is held by the '
-        'server in this simulation (tff.learning has no client-placed state), which would void the '
-        "privacy guarantee. Use 'fedavg', 'fedprox' or 'fedavgm' with a private aggregator.")
-  if name == 'fednova':
-    raise ValueError(_FEDNOVA_PRIVATE.format(what=f'{what}: {", ".join(private)}'))
+  bounds = bool(private) or _bounds_norm(process)
+  label = f'{what} ({", ".join(private)})' if private else what
+  refusal(algorithm_cls, label, private=bool(private), bounds_norm=bounds,
+          state_on_server=state_on_server)
+
+
+def _bounds_norm(process) -> bool:
+  """Whether the process clips or zeroes uploads on their norm: TFF's robust wrappers
+  (clipping_factory, zeroing_factory) keep their norm in state fields named so."""
+  def names(t):
+    if isinstance(t, tff.FederatedType):
+      return names(t.member)
+    if isinstance(t, tff.StructType):
+      out = []
+      for name, child in t.items():
+        out += ([name] if name else []) + names(child)
+      return out
+    return []
+  return bool({'clipping_norm', 'zeroing_norm'} & set(names(process.initialize.type_signature.result)))
 
 
 def _private_factories():

@@ -186,7 +186,7 @@ def validate(c: Config) -> None:
           f'--runtime=tff (--runtime={c.runtime} sums in TensorFlow); use --runtime=tff or '
           '--aggregator=mean.')
     registry('aggregator').check_algorithm(registry('algorithm').algorithm_class(c.algorithm),
-                                           c.aggregator)
+                                           c.aggregator, c.component_hparams('aggregator'))
 
 
 def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[str, Any]],

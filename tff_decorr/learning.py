@@ -48,9 +48,12 @@ from tff_decorr.algorithms.client_update import ClientConfig
 from tff_decorr.algorithms.workspace import Workspace
 from tff_decorr.runtimes import tff_runtime
 
-PROCESS_ALGORITHMS = ('fedavg', 'fedprox', 'fedavgm', 'fedbn', 'moon', 'scaffold', 'fednova')
-# Algorithms whose client keeps state between rounds (held by the server here, see module doc).
-STATEFUL_ALGORITHMS = aggregation.STATEFUL_ALGORITHMS
+
+
+def process_algorithms() -> tuple:
+  """The registered algorithms with a LearningProcess form: those whose upload a tff.aggregators
+  factory can aggregate (`Algorithm.upload`; fedavg_decomposed has none)."""
+  return tuple(n for n in algorithms.names() if algorithms.algorithm_class(n).upload is not None)
 
 RegularizerArg = Union[str, regularizers.Regularizer, Callable[[tf.Tensor, tf.Tensor], tf.Tensor],
                        None]
@@ -324,7 +327,7 @@ def build_process(name: str, model_fn: Callable[[], tf.keras.Model],
   distributor (bytes_down).
 
   Args:
-    name: one of PROCESS_ALGORITHMS.
+    name: one of process_algorithms().
     model_fn: no-arg callable returning a Keras model: the project's dict outputs, or one output
       (logits) with `representation_layer`.
     client_dataset_fn: (client_id tf.string, seed tf.int64) -> batched (x, y) dataset.
@@ -342,9 +345,9 @@ def build_process(name: str, model_fn: Callable[[], tf.keras.Model],
     **hparams: the algorithm's (fedprox mu, fedavgm server_momentum/form/server_lr, moon mu /
       temperature, scaffold server_lr / num_clients (default len(client_ids))).
   """
-  if name not in PROCESS_ALGORITHMS:
+  if name not in process_algorithms():
     raise ValueError(f'name={name!r}: no LearningProcess form; choose one of '
-                     f'{", ".join(PROCESS_ALGORITHMS)}.')
+                     f'{", ".join(process_algorithms())}.')
   if not callable(model_fn):
     raise ValueError('model_fn must be a no-arg callable returning a Keras model.')
   if not callable(client_dataset_fn):
@@ -354,11 +357,11 @@ def build_process(name: str, model_fn: Callable[[], tf.keras.Model],
     client_ids = [str(c) for c in client_ids]
     if not client_ids or len(set(client_ids)) != len(client_ids):
       raise ValueError('client_ids must be a non-empty list of distinct client ids.')
-  stateful = name in STATEFUL_ALGORITHMS
-  if stateful and client_ids is None:
+  cls = algorithms.algorithm_class(name)
+  if cls.stateful and client_ids is None:
     raise ValueError(f'client_ids is required for {name!r}: its per-client state is kept in the '
                      'server state, one row per client id.')
-  if name == 'scaffold' and 'num_clients' not in hparams and client_ids is not None:
+  if cls.needs_num_clients and 'num_clients' not in hparams and client_ids is not None:
     hparams['num_clients'] = len(client_ids)
   if model_aggregator is None:
     model_aggregator = tff.aggregators.MeanFactory()
@@ -390,7 +393,7 @@ class _ProcessBuilder:
     self.factory = factory
     self.weighted = aggregation.is_weighted(factory)
     self.seed = int(seed)
-    self.stateful = alg.name in STATEFUL_ALGORITHMS
+    self.stateful = alg.stateful
     aggregation.check_upload(alg)
     weights = alg.initial_weights() if initial_weights is None else list(initial_weights)
     if len(weights) != alg.spec.num_weights:

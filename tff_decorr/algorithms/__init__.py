@@ -60,13 +60,14 @@ def build(name: str, model_fn: Callable, config: ClientConfig = ClientConfig(),
           num_clients: Optional[int] = None, **values) -> base.Algorithm:
   """Builds algorithm `name` with `hparams` (its HParams), or with its fields as keywords
   (`build('fedprox', ..., mu=0.01)`; an unknown keyword is an error). `num_clients` (the total
-  number of clients N) is required by SCAFFOLD and ignored by the others."""
+  number of clients N) is required by algorithms that declare `needs_num_clients` (SCAFFOLD)
+  and ignored by the others."""
   cls = algorithm_class(name)
   if values:
     if hparams is not None:
       raise ValueError('build: give hparams or keyword hyper-parameters, not both.')
     hparams = cls.HParams.from_mapping(values)
-  kwargs = {'num_clients': num_clients} if num_clients is not None or name == 'scaffold' else {}
+  kwargs = {'num_clients': num_clients} if num_clients is not None or cls.needs_num_clients else {}
   return cls(model_fn, config, regularizer, hparams, **kwargs)
 
 

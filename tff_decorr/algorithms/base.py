@@ -46,12 +46,26 @@ class Algorithm:
   num_models = 1  # Keras models in the client workspace (MOON needs 3).
   projection_head = False  # Whether a task's --projection_dim default applies (MOON: yes).
   requires_decomposed = False  # Whether the model must be filter-decomposed (--decomposed).
+  # ---- Capabilities: what the round composer, the aggregator checks and the LearningProcess read
+  # (no list of algorithm names anywhere; a new algorithm states them on its class). ----
+  # Keeps per-client state between rounds (`initial_client_state` is not NO_CLIENT_STATE): the
+  # runtimes carry it CLIENTS-placed, the LearningProcess in a table keyed by client id.
+  stateful = False
+  # The constructor needs the total number of clients N (keyword `num_clients`; SCAFFOLD's c).
+  needs_num_clients = False
   # How a tff.aggregators factory can aggregate the upload (--aggregator, tff_decorr.learning):
   # those factories expect model DELTAS (DP clips them, compression quantises them). 'model':
   # contribution / weight is (part of) a model, sent as its difference from
   # `update_reference(broadcast)`; 'delta': contribution / weight is already a delta; None: no
   # such form (the plain sum only).
   upload: Optional[str] = None
+  # Keys of the contribution (a dict) summed exactly, outside the factory: never clipped, zeroed,
+  # noised or quantised (SCAFFOLD's control-variate deltas, so that c stays the clients' mean).
+  exact_keys: tuple = ()
+  # Why the algorithm is refused under an aggregator that bounds each upload's L2 norm (clips or
+  # zeroes it: robust, compression, dp, secure), or that is private (dp, secure); None: allowed.
+  norm_bound_refusal: Optional[str] = None
+  private_refusal: Optional[str] = None
   # The algorithm's own hyper-parameters (a frozen dataclass, tff_decorr.hparams): declared once,
   # validated there, turned into --<name>_<field> flags by bin/train.
   HParams = hparams_lib.NoHParams

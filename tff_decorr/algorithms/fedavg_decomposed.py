@@ -37,6 +37,7 @@ class FedAvgDecomposedHParams(hparams.HParams):
 
 class FedAvgDecomposed(fedavg.FedAvg):
   name = 'fedavg_decomposed'
+  stateful = True  # Its own coefficients between aggregations.
   HParams = FedAvgDecomposedHParams
   requires_decomposed = True  # Needs a filter-decomposed model (--decomposed).
   # Coefficients are averaged on their own schedule with their own weight, which one weighted mean

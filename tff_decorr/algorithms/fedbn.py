@@ -19,6 +19,7 @@ from tff_decorr.algorithms import base, fedavg
 
 class FedBN(fedavg.FedAvg):
   name = 'fedbn'
+  stateful = True  # Its BN variables.
 
   def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None, hparams=None, **kw):
     super().__init__(model_fn, config, regularizer, hparams, **kw)

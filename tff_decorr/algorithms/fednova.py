@@ -22,6 +22,11 @@ from tff_decorr.algorithms import client_update
 class FedNova(base.Algorithm):
   name = 'fednova'
   upload = 'delta'
+  # Its upload carries n_i a_i (local steps, tens to thousands) beside the normalised update: an
+  # L2 bound would be spent on a_i (the update zeroed or clipped hard), and noise would hit it.
+  norm_bound_refusal = ('its upload carries the normaliser a_i (local steps, tens to thousands), '
+                        'which dominates the L2 norm that is clipped or zeroed')
+  private_refusal = norm_bound_refusal
 
   def _client_step(self, ws, broadcast, dataset, client_state):
     res = self._train(ws, broadcast['weights'], dataset)

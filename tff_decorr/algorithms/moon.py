@@ -33,6 +33,7 @@ class MoonHParams(hparams.HParams):
 
 class Moon(fedavg.FedAvg):
   name = 'moon'
+  stateful = True  # Its previous local model.
   num_models = 3  # local (trained), global, previous local
   projection_head = True  # A task's projection-head width (--projection_dim) applies to MOON.
   HParams = MoonHParams

@@ -44,6 +44,16 @@ class ScaffoldHParams(hparams.HParams):
 class Scaffold(base.Algorithm):
   name = 'scaffold'
   upload = 'delta'
+  stateful = True  # c_i.
+  needs_num_clients = True  # c += (|S|/N) avg dc.
+  # c must stay the mean of the clients' c_i; a factory's clipping, zeroing or noise on delta_c
+  # would move it away, and DP noise there accumulates and is amplified by lr x a_K every round.
+  exact_keys = ('delta_c',)
+  # Until the round composer sums exact_keys outside the factory, a norm bound would reach delta_c.
+  norm_bound_refusal = 'a clipped or zeroed control-variate delta moves c away from the clients\' mean'
+  private_refusal = ('its control-variate deltas are summed exactly, so each client\'s c_i would '
+                     'reach the server in the clear (and noised, c would drift from the clients\' '
+                     'mean)')
   HParams = ScaffoldHParams
 
   def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None, hparams=None, *,
