@@ -81,6 +81,23 @@ class RuntimeAggregatorTest(tf.test.TestCase):
         self.assertEqual(metrics[-1]['bytes_up_float32'], plain[-1]['bytes_up'])
         self.assertEqual(metrics[-1]['bytes_up'], plain[-1]['bytes_up'] + 3 * 4)
 
+  def test_scaffold_control_variate_stays_the_clients_mean_under_clipping(self):
+    # Issue 24, defect 2. A clip of 1e-3 bounds every model delta hard; the control-variate
+    # deltas are summed exactly (Scaffold.exact_keys), so the server's c stays what SCAFFOLD
+    # defines: with c and every c_i starting at 0, c = (1/N) sum over ALL N clients of c_i.
+    clip = 1e-3
+    alg = algorithms.build('scaffold', MODEL, CFG, regularizers.get('none'), num_clients=4)
+    factory = tff.aggregators.clipping_factory(clip, tff.aggregators.MeanFactory())
+    server, states, _ = _run(tff_runtime.TffRuntime(alg, FN, aggregator=factory), alg)
+    expected_c = [np.mean(cs, axis=0) for cs in zip(*[states[c]['control'] for c in '0123'])]
+    for got, want in zip(server['control'], expected_c):
+      self.assertAllClose(got, want, atol=1e-6, rtol=1e-5)
+    self.assertGreater(max(np.abs(c).max() for c in expected_c), 1e-2)  # c_i moved
+    # The model delta was clipped: two rounds move x by at most 2 x clip (server_lr 1).
+    x0 = alg.initial_weights()
+    moved = np.sqrt(sum(np.sum((g - w) ** 2) for g, w in zip(alg.global_weights(server), x0)))
+    self.assertLessEqual(moved, 2 * clip * (1 + 1e-4))
+
   def test_dp_without_noise_is_the_unweighted_mean_of_the_clients_models(self):
     alg = algorithms.build('fedavg', MODEL, CFG, regularizers.get('none'))
     factory = aggregation.dp_aggregator(0.0, clients_per_round=3, num_clients=4, clip=1e6)

@@ -1,6 +1,9 @@
 """Adding an algorithm or a regulariser is one definition plus one registry line (docs/DESIGN.md):
 a toy algorithm with its own hyper-parameter and a toy regulariser with its own coefficient,
-defined and registered here, train through bin/train's generated flags."""
+defined and registered here, train through bin/train's generated flags; a stateful toy algorithm
+with an exact upload runs through bin/train (both runtimes) and build_process from its declared
+capabilities alone."""
+
 
 import csv
 import dataclasses
@@ -14,12 +17,17 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
+import tensorflow_federated as tff
+
 from bin import train
 from tff_decorr import algorithms
 from tff_decorr import hparams
+from tff_decorr import learning
 from tff_decorr import regularizers
+from tff_decorr import tff_context
 from tff_decorr.algorithms import base
 from tff_decorr.algorithms import fedavg
+from tff_decorr.algorithms import testing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +56,35 @@ class EnergyHParams(hparams.HParams):
                                minimum=0.0)
 
 
+class Tally(fedavg.FedAvg):
+  """FedAvg whose clients count the rounds they trained in (client state) and whose server tallies
+  participations from an upload summed exactly: a stateful algorithm with an exact key, known to
+  the runtimes only through its declared capabilities."""
+  name = 'tally'
+  stateful = True
+  exact_keys = ('tally',)
+
+  def initial_server_state(self, weights):
+    return {'weights': [np.asarray(w) for w in weights], 'participations': np.float32(0.0)}
+
+  def initial_client_state(self, weights):
+    return {'rounds': np.float32(0.0)}
+
+  def update_reference(self, broadcast):
+    return {'model': super().update_reference(broadcast)}
+
+  def _client_step(self, ws, broadcast, dataset, client_state):
+    out = super()._client_step(ws, broadcast, dataset, client_state)
+    return out._replace(contribution={'model': out.contribution, 'tally': tf.constant(1.0)},
+                        client_state={'rounds': client_state['rounds'] + 1.0})
+
+  def server_step(self, server_state, contribution, weight):
+    new = super().server_step(server_state, contribution['model'], weight)
+    return {**new, 'participations': server_state['participations'] + contribution['tally']}
+
+
 algorithms.register(Damped)  # The one registry line of the toy algorithm ...
+algorithms.register(Tally)
 regularizers.register(  # ... and of the toy regulariser.
     'energy', EnergyHParams,
     lambda hp: lambda representation, logits: hp.gamma * tf.reduce_mean(tf.square(representation)))
@@ -97,6 +133,42 @@ class ExtensionTest(absltest.TestCase):
     self.assertEqual(full['hparams']['damped'], {'alpha': 1.0})
     np.testing.assert_allclose(full_logits, fedavg_logits, rtol=1e-6, atol=1e-6)
     self.assertGreater(np.abs(logits - fedavg_logits).max(), 1e-3)
+
+  def test_stateful_toy_algorithm_runs_through_bin_train_on_both_runtimes(self):
+    # 4 clients, 2 sampled per round, 3 rounds: 6 participations in all, none counted twice.
+    for runtime in ('tf', 'tff'):
+      with self.subTest(runtime):
+        out = os.path.join(self.tmp, f'tally_{runtime}')
+        self.assertEqual(train.run(self.flag_values(
+            f'--output_dir={out}', '--algorithm=tally', '--regularizer=none', '--rounds=3',
+            '--clients_per_round=2', f'--runtime={runtime}')), 0)
+        counts = {}
+        states_dir = os.path.join(out, 'client_states')
+        for cid in os.listdir(states_dir):  # <client>/r<round>.npz (tff_decorr.client_state)
+          latest = max(os.listdir(os.path.join(states_dir, cid)),
+                       key=lambda name: int(name[1:-4]))
+          with np.load(os.path.join(states_dir, cid, latest)) as f:
+            counts[cid] = float(f['a00000'])
+        self.assertEqual(sum(counts.values()), 6.0)
+        self.assertTrue(all(0 < c <= 3 for c in counts.values()), counts)
+
+  def test_stateful_toy_algorithm_runs_as_a_learning_process_with_exact_sums(self):
+    # Through tff.learning with a hard clip on the model delta: the exactly summed tally is not
+    # clipped (3 clients x 2 rounds = 6), and every client's row of the state table counts 2.
+    tff_context.install()
+    try:
+      ids = ['0', '1', '2']
+      fn = testing.make_client_dataset_fn(testing.synthetic_clients(sizes=(6, 4, 5)), batch_size=4)
+      process = learning.build_process(
+          'tally', testing.tiny_model, fn, regularizer=None, client_ids=ids,
+          model_aggregator=tff.aggregators.clipping_factory(1e-3, tff.aggregators.MeanFactory()))
+      state = process.initialize()
+      for _ in range(2):
+        state = process.next(state, ids).state
+    finally:
+      tff_context.stop_all()
+    self.assertEqual(float(state.finalizer['participations']), 6.0)
+    np.testing.assert_array_equal(state.client_work['states']['rounds'], [2.0, 2.0, 2.0])
 
   def test_generated_flags_validate_and_document(self):
     fv = self.flag_values('--algorithm=damped', '--damped_alpha=2', '--output_dir=/tmp/unused')

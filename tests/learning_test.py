@@ -340,9 +340,19 @@ class ProcessErrorsTest(tf.test.TestCase):
   def test_dp_with_per_client_state_names_model_aggregator(self):
     for name in ('scaffold', 'fedbn', 'moon'):
       with self.subTest(name), self.assertRaisesRegex(
-          ValueError, r'model_aggregator: .*DifferentiallyPrivateFactory.*privacy guarantee'):
+          ValueError, r'model_aggregator \(.*DifferentiallyPrivateFactory.*\) cannot be combined '
+          r'with .*privacy guarantee'):
         learning.build_process(name, BN_MODEL, FN, client_ids=CLIENTS,
                                model_aggregator=tff.learning.dp_aggregator(0.1, 3))
+
+  def test_a_norm_bounding_factory_refuses_fednova(self):
+    # Read from the built process (TFF's clipping/zeroing wrappers), not from the factory's name.
+    with self.assertRaisesRegex(ValueError, 'model_aggregator cannot be combined with '
+                                '--algorithm=fednova: its upload carries the normaliser a_i'):
+      learning.build_process('fednova', BN_MODEL, FN, model_aggregator=tff.aggregators.
+                             zeroing_factory(1e3, tff.aggregators.MeanFactory()))
+    learning.build_process('fednova', BN_MODEL, FN, model_aggregator=tff.learning.
+                           robust_aggregator(zeroing=False, clipping=False))  # No bound: allowed.
 
   def test_not_a_factory_names_model_aggregator(self):
     with self.assertRaisesRegex(ValueError, 'model_aggregator must be a tff.aggregators factory'):

@@ -314,11 +314,12 @@ def _bounds_norm(process) -> bool:
       return names(t.member)
     if isinstance(t, tff.StructType):
       out = []
-      for name, child in t.items():
+      for name, child in tff.structure.iter_elements(t):
         out += ([name] if name else []) + names(child)
       return out
     return []
-  return bool({'clipping_norm', 'zeroing_norm'} & set(names(process.initialize.type_signature.result)))
+  state_names = set(names(process.initialize.type_signature.result))
+  return bool({'clipping_norm', 'zeroing_norm'} & state_names)
 
 
 def _private_factories():

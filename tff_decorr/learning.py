@@ -45,7 +45,7 @@ from tff_decorr import regularizers
 from tff_decorr import tff_context
 from tff_decorr.algorithms import base
 from tff_decorr.algorithms.client_update import ClientConfig
-from tff_decorr.algorithms.workspace import Workspace
+from tff_decorr.runtimes import rounds
 from tff_decorr.runtimes import tff_runtime
 
 
@@ -390,11 +390,11 @@ class _ProcessBuilder:
     self.alg = alg
     self.client_dataset_fn = client_dataset_fn
     self.client_ids = client_ids
-    self.factory = factory
-    self.weighted = aggregation.is_weighted(factory)
+    # The round is the runtimes' (client work, aggregation, server update); this class only
+    # places it in tff.learning's state: client state in a server-held table keyed by client id.
+    self.round = rounds.Round(alg, factory, state_on_server=True, what='model_aggregator')
     self.seed = int(seed)
     self.stateful = alg.stateful
-    aggregation.check_upload(alg)
     weights = alg.initial_weights() if initial_weights is None else list(initial_weights)
     if len(weights) != alg.spec.num_weights:
       raise ValueError(f'initial_weights has {len(weights)} arrays; the model has '
@@ -460,19 +460,19 @@ class _ProcessBuilder:
     client_tf = self._client_computation(to_clients_tf.type_signature.result)
     out_type = client_tf.type_signature.result
 
-    agg = self._aggregation_process(out_type['update'], out_type['weight'])
-    bytes_per_client = upload_bytes_per_client(agg)
-    float_bytes = aggregation.tensor_bytes(out_type['update'])
+    agg = self.round.aggregation_process(out_type['update'], out_type['weight'])
+    bytes_per_client = self.round.upload_bytes_per_client(agg, out_type['exact'])
+    float_bytes = (aggregation.tensor_bytes(out_type['update'])
+                   + aggregation.tensor_bytes(out_type['exact']))
 
-    @tff.tensorflow.computation(mw_type, extras_type, out_type['update'], tf.float32)
-    def server_tf(mw, extras, mean_update, total_weight):
-      state = server_state(mw, extras)
-      summed = aggregation.summed_contribution(alg, alg.broadcast(state), mean_update,
-                                               total_weight)
-      new_state = alg.server_step(state, summed, total_weight)
-      flat = aggregation.nonnegative_variances(alg, list(new_state['weights']))
+    @tff.tensorflow.computation(mw_type, extras_type, out_type['update'], out_type['exact'],
+                                tf.float32)
+    def server_tf(mw, extras, aggregate, exact, total_weight):
+      new_state = self.round.server_update(server_state(mw, extras), aggregate, exact,
+                                           total_weight)
       extras_out = collections.OrderedDict((k, new_state[k]) for k in extras0)
-      return collections.OrderedDict(model_weights=self.to_model_weights(flat), extras=extras_out)
+      return collections.OrderedDict(model_weights=self.to_model_weights(new_state['weights']),
+                                     extras=extras_out)
 
     collect = self._state_collection(out_type, work_type, work0.get('states'))
 
@@ -505,14 +505,9 @@ class _ProcessBuilder:
       to_clients = tff.federated_map(
           to_clients_tf, (state.global_model_weights, state.finalizer, state.client_work))
       outputs = tff.federated_map(client_tf, (tff.federated_broadcast(to_clients), client_ids))
-      if self.weighted:
-        agg_out = agg.next(state.aggregator, outputs.update, outputs.weight)
-        total = tff.federated_sum(outputs.weight)
-      else:
-        agg_out = agg.next(state.aggregator, outputs.update)
-        total = tff.federated_sum(outputs.one)
+      agg_out, exact, total = self.round.aggregate(agg, state.aggregator, outputs)
       server_out = tff.federated_map(
-          server_tf, (state.global_model_weights, state.finalizer, agg_out.result, total))
+          server_tf, (state.global_model_weights, state.finalizer, agg_out.result, exact, total))
       new_work = collect(state.client_work, outputs)
       reported = tff.federated_map(metrics_tf, tff.federated_sum(outputs.metrics))
       communication = reported.communication
@@ -544,14 +539,14 @@ class _ProcessBuilder:
                                                   set_model_weights)
 
   def _client_computation(self, to_clients_type):
-    alg, ids, stateful = self.alg, self.client_ids, self.stateful
+    ids, stateful = self.client_ids, self.stateful
     base_seed = self.seed
     dataset_fn = self.client_dataset_fn
+    round_ = self.round
 
     @tff.tensorflow.computation(to_clients_type, tf.string)
     def client_tf(to_clients, client_id):
-      ws = Workspace(alg.model_fn, alg.num_models)
-      client_step = alg.make_client_step(ws)
+      work = round_.client_work(round_.new_workspace())
       if stateful:
         match = tf.equal(tf.constant(ids), client_id)
         found = tf.debugging.assert_equal(
@@ -566,17 +561,12 @@ class _ProcessBuilder:
       pair = tf.random.experimental.stateless_fold_in(
           tf.stack([tf.constant(base_seed, tf.int64), to_clients['round']]),
           tf.strings.to_hash_bucket_fast(client_id, 2**31 - 1))
-      out = client_step(to_clients['broadcast'], dataset_fn(client_id, pair[0]), state)
-      update = aggregation.client_update(alg, to_clients['broadcast'], out)
-      return collections.OrderedDict(update=update, weight=out.weight, one=tf.constant(1.0),
-                                     index=index,
-                                     state=out.client_state, metrics=out.metrics)
+      out = work(to_clients['broadcast'], dataset_fn(client_id, pair[0]), state)
+      return collections.OrderedDict(update=out['update'], exact=out['exact'],
+                                     weight=out['weight'], one=out['one'], index=index,
+                                     state=out['client_state'], metrics=out['metrics'])
 
     return client_tf
-
-  def _aggregation_process(self, update_type, weight_type):
-    return aggregation.create(self.factory, update_type, weight_type, self.alg,
-                              state_on_server=True)
 
   def _state_collection(self, out_type, work_type, work0_states):
     """fn(work_state@SERVER, client outputs@CLIENTS) -> new work state@SERVER.

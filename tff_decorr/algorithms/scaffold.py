@@ -19,6 +19,9 @@ but its fixed point is not the optimum under momentum (docs/algorithms.md has th
 Server, S = sampled clients, N = total clients (`num_clients`):
   x <- x + server_lr * (1/|S|) sum_i (y_i - x);   c <- c + (|S|/N) * (1/|S|) sum_i (c_i+ - c_i).
 A client with no data (K = 0) keeps c_i and uploads zeros.
+Under a tff.aggregators factory (--aggregator) only delta_y goes through it; delta_c is an exact
+key (summed exactly beside it), so clipping or zeroing the model delta never moves c away from the
+clients' mean. Private aggregators are refused (the exact sums would release c_i).
 """
 
 from __future__ import annotations
@@ -49,8 +52,6 @@ class Scaffold(base.Algorithm):
   # c must stay the mean of the clients' c_i; a factory's clipping, zeroing or noise on delta_c
   # would move it away, and DP noise there accumulates and is amplified by lr x a_K every round.
   exact_keys = ('delta_c',)
-  # Until the round composer sums exact_keys outside the factory, a norm bound would reach delta_c.
-  norm_bound_refusal = 'a clipped or zeroed control-variate delta moves c away from the clients\' mean'
   private_refusal = ('its control-variate deltas are summed exactly, so each client\'s c_i would '
                      'reach the server in the clear (and noised, c would drift from the clients\' '
                      'mean)')

@@ -1,8 +1,9 @@
-"""In-process runtime: the algorithm's own client and server steps, called client after client.
+"""In-process runtime: a `rounds.Round` called client after client in this Python process.
 
-No algorithm math lives here: this module builds one client workspace, calls the algorithm's
-client-step tf.function for each sampled client, sums contributions with TF ops, and calls the
-algorithm's server step. It uses a GPU when TensorFlow sees one (TFF 0.87's worker is CPU-only).
+No algorithm math lives here: this module builds one client workspace, calls the Round's client
+work for each sampled client, sums the uploads with TF ops, and calls the Round's server update.
+It runs the plain sum only (bin/train's --aggregator=mean): a tff.aggregators factory is a
+federated computation. It uses a GPU when TensorFlow sees one (TFF 0.87's worker is CPU-only).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_decorr.algorithms import base
-from tff_decorr.algorithms.workspace import Workspace
+from tff_decorr.runtimes import rounds
 
 ClientDatasetFn = Callable[[tf.Tensor, tf.Tensor], tf.data.Dataset]
 
@@ -41,18 +42,18 @@ class TfRuntime:
       raise ValueError('client_dataset_fn must be a callable (client_id, seed) -> tf.data.Dataset.')
     self.algorithm = algorithm
     self.client_dataset_fn = client_dataset_fn
-    self.workspace = Workspace(algorithm.model_fn, algorithm.num_models)
-    self._client_step = algorithm.make_client_step(self.workspace)
-    step = self._client_step
+    self.round = rounds.Round(algorithm)
+    self.workspace = self.round.new_workspace()
+    work = self.round.client_work(self.workspace)
 
     # The dataset is built inside a tf.function, as inside the TFF computation: its pipeline is
     # traced once instead of once per client (building tf.data map functions eagerly costs ~0.1 s
     # a client), so per-client overhead does not depend on how many clients a round has.
     @tf.function
     def step_from_id(broadcast, client_id, seed, state):
-      return step(broadcast, client_dataset_fn(client_id, seed), state)
+      return work(broadcast, client_dataset_fn(client_id, seed), state)
     self._step_from_id = step_from_id
-    self._server_step = tf.function(algorithm.server_step)
+    self._server_update = tf.function(self.round.server_update)
     self._broadcast = tf.function(algorithm.broadcast)
 
   def initialize(self, initial_weights=None):
@@ -69,18 +70,14 @@ class TfRuntime:
       raise ValueError('client_inputs is empty: sample at least one client per round.')
     broadcast = self._broadcast(_to_tensors(server_state))
     # Running sums: memory stays one model's worth however many clients a round samples.
-    contribution = weight = metrics = None
+    summed = None
     new_states = []
     for (client_id, seed), state in zip(client_inputs, client_states):
       out = self._step_from_id(broadcast, tf.constant(client_id, tf.string),
                                tf.constant(seed, tf.int64), _to_tensors(state))
-      if contribution is None:
-        contribution, weight, metrics = out.contribution, out.weight, out.metrics
-      else:
-        contribution = sum_structures([contribution, out.contribution])
-        weight = weight + out.weight
-        metrics = sum_structures([metrics, out.metrics])
-      new_states.append(_to_numpy(out.client_state))
-    new_server_state = self._server_step(_to_tensors(server_state), contribution, weight)
-    return _to_numpy(new_server_state), new_states, _to_numpy(metrics)
-
+      parts = {k: out[k] for k in ('update', 'exact', 'weight', 'metrics')}
+      summed = parts if summed is None else sum_structures([summed, parts])
+      new_states.append(_to_numpy(out['client_state']))
+    new_server_state = self._server_update(_to_tensors(server_state), summed['update'],
+                                           summed['exact'], summed['weight'])
+    return _to_numpy(new_server_state), new_states, _to_numpy(summed['metrics'])

@@ -1,24 +1,24 @@
-"""TFF runtime: the algorithm's TF functions wrapped as a `tff.templates.IterativeProcess`.
+"""TFF runtime: a `rounds.Round` as a `tff.templates.IterativeProcess`.
 
-`next(server_state, client_inputs, client_states)` is a `tff.federated_computation`:
-  server_state  @SERVER   algorithm.initial_server_state structure
+`next(state, client_inputs, client_states)` is a `tff.federated_computation`:
+  state         <algorithm=its server state, aggregator=the aggregation process's state>@SERVER
   client_inputs {<client_id=string, seed=int64>}@CLIENTS
   client_states {algorithm client state}@CLIENTS
-returns <new server_state@SERVER, new client_states@CLIENTS, summed metrics@SERVER>.
+returns <new state@SERVER, new client_states@CLIENTS, <train=summed client metrics,
+aggregator=the aggregator's measurements>@SERVER>.
 
 Each client's dataset is built INSIDE the client computation from (client_id, seed) by
 `client_dataset_fn`, so datasets never cross into the runtime as serialized arrays (100 MB cap,
-re-serialised every round: docs/reference.md §8). The client workspace (Keras model(s) + momentum
-variables) is constructed inside the `tff.tensorflow.computation` body, as TFF's simple_fedavg does.
-Aggregation is `tff.federated_sum` of contributions and of weights; the server step is the
-algorithm's own function. No algorithm math lives here.
+re-serialised every round: docs/reference.md §8). What clients compute, what is aggregated and
+how the server updates is the Round's (tff_decorr/runtimes/rounds.py); this module only places
+it: client state stays CLIENTS-placed, where a deployed client would keep it. No algorithm math
+lives here.
 
-With an `aggregator` (a `tff.aggregators` factory, bin/train's --aggregator) clients send deltas
-instead (tff_decorr.aggregation), the factory's AggregationProcess replaces the sum, and the
-server state gains the key 'aggregator' (the process's state, checkpointed with the rest);
-the factory's measurements come back with the metrics as 'aggregator/<name>'.
+`TffRuntime` gives the process the program's interface: the server state is the algorithm's,
+plus the key 'aggregator' (the factory's state, checkpointed with the rest) under a
+tff.aggregators factory (bin/train's --aggregator), whose measurements come back with the
+metrics as 'aggregator/<name>'.
 """
-
 from __future__ import annotations
 
 import collections
@@ -30,7 +30,7 @@ import tensorflow_federated as tff
 
 from tff_decorr import aggregation
 from tff_decorr.algorithms import base
-from tff_decorr.algorithms.workspace import Workspace
+from tff_decorr.runtimes import rounds
 
 CLIENT_INPUT_TYPE = tff.StructType([('client_id', np.str_), ('seed', np.int64)])
 
@@ -48,9 +48,12 @@ def build_process(algorithm: base.Algorithm,
                   initial_weights: Optional[Sequence[np.ndarray]] = None,
                   aggregator: Optional[tff.aggregators.AggregationFactory] = None
                   ) -> tff.templates.IterativeProcess:
-  """Builds the IterativeProcess. `initial_weights` default: algorithm.initial_weights().
+  """The IterativeProcess of `rounds.Round(algorithm, aggregator)`.
 
-  `aggregator`: None, the plain sum; or a tff.aggregators factory (`_build_aggregated`).
+  `initial_weights` default: algorithm.initial_weights(). `aggregator`: None, the algorithm's
+  own weighted sum; or a tff.aggregators factory.
+  State: <algorithm=the algorithm's server state, aggregator=the aggregation process's state (empty
+  for the plain sum)>; metrics: <train=summed client metrics, aggregator=its measurements>.
   """
   if not isinstance(algorithm, base.Algorithm):
     raise ValueError(f'algorithm must be a tff_decorr Algorithm, got {type(algorithm).__name__}.')
@@ -62,6 +65,10 @@ def build_process(algorithm: base.Algorithm,
     raise ValueError(f'initial_weights has {len(weights)} arrays; the model has '
                      f'{algorithm.spec.num_weights} weights (model.weights order).')
   init_server = algorithm.initial_server_state(weights)
+  if AGGREGATOR_KEY in init_server:
+    raise ValueError(f'algorithm {algorithm.name!r} has a server-state key {AGGREGATOR_KEY!r}, '
+                     'which the runtime uses for the aggregator state.')
+  round_ = rounds.Round(algorithm, aggregator)
   init_client = algorithm.initial_client_state(weights)
 
   @tff.tensorflow.computation
@@ -73,87 +80,26 @@ def build_process(algorithm: base.Algorithm,
     return constant_structure(init_client)
 
   server_state_type = server_init_tf.type_signature.result
-  client_state_type = client_init_tf.type_signature.result
 
   @tff.tensorflow.computation(server_state_type)
   def broadcast_tf(server_state):
     return algorithm.broadcast(server_state)
 
-  if aggregator is not None:
-    if AGGREGATOR_KEY in init_server:
-      raise ValueError(f'algorithm {algorithm.name!r} has a server-state key {AGGREGATOR_KEY!r}, '
-                       'which the runtime uses for the aggregator state.')
-    return _build_aggregated(algorithm, client_dataset_fn, aggregator, server_init_tf,
-                             client_state_type, broadcast_tf)
-
   @tff.tensorflow.computation(broadcast_tf.type_signature.result, CLIENT_INPUT_TYPE,
-                              client_state_type)
+                              client_init_tf.type_signature.result)
   def client_tf(broadcast, client_input, client_state):
-    ws = Workspace(algorithm.model_fn, algorithm.num_models)
-    client_step = algorithm.make_client_step(ws)
-    dataset = client_dataset_fn(client_input[0], client_input[1])
-    return client_step(broadcast, dataset, client_state)
+    # The workspace (Keras models, momentum) is built inside the computation, as TFF's
+    # simple_fedavg does.
+    work = round_.client_work(round_.new_workspace())
+    return work(broadcast, client_dataset_fn(client_input[0], client_input[1]), client_state)
 
   out_type = client_tf.type_signature.result
+  agg = round_.aggregation_process(out_type['update'], out_type['weight'])
 
-  @tff.tensorflow.computation(server_state_type, out_type.contribution, out_type.weight)
-  def server_tf(server_state, contribution, weight):
-    return algorithm.server_step(server_state, contribution, weight)
-
-  @tff.federated_computation
-  def initialize():
-    return tff.federated_eval(server_init_tf, tff.SERVER)
-
-  @tff.federated_computation(tff.FederatedType(server_state_type, tff.SERVER),
-                             tff.FederatedType(CLIENT_INPUT_TYPE, tff.CLIENTS),
-                             tff.FederatedType(client_state_type, tff.CLIENTS))
-  def next_fn(server_state, client_inputs, client_states):
-    broadcast = tff.federated_broadcast(tff.federated_map(broadcast_tf, server_state))
-    outputs = tff.federated_map(client_tf, (broadcast, client_inputs, client_states))
-    contribution = tff.federated_sum(outputs.contribution)
-    weight = tff.federated_sum(outputs.weight)
-    new_state = tff.federated_map(server_tf, (server_state, contribution, weight))
-    metrics = tff.federated_sum(outputs.metrics)
-    return new_state, outputs.client_state, metrics
-
-  process = tff.templates.IterativeProcess(initialize, next_fn)
-  return process
-
-
-def _build_aggregated(algorithm, client_dataset_fn, factory, server_init_tf, client_state_type,
-                      broadcast_tf):
-  """The process with a tff.aggregators factory in place of the sum (module docstring).
-
-  State: <algorithm=the algorithm's server state, aggregator=the AggregationProcess's state>;
-  metrics: <train=summed client metrics, aggregator=the process's measurements>.
-  """
-  aggregation.check_upload(algorithm, '--aggregator')  # Before tracing the client's delta.
-  server_state_type = server_init_tf.type_signature.result
-  weighted = aggregation.is_weighted(factory)
-
-  @tff.tensorflow.computation(broadcast_tf.type_signature.result, CLIENT_INPUT_TYPE,
-                              client_state_type)
-  def client_tf(broadcast, client_input, client_state):
-    ws = Workspace(algorithm.model_fn, algorithm.num_models)
-    client_step = algorithm.make_client_step(ws)
-    out = client_step(broadcast, client_dataset_fn(client_input[0], client_input[1]),
-                      client_state)
-    return collections.OrderedDict(
-        update=aggregation.client_update(algorithm, broadcast, out), weight=out.weight,
-        one=tf.constant(1.0), client_state=out.client_state, metrics=out.metrics)
-
-  out_type = client_tf.type_signature.result
-  agg = aggregation.create(factory, out_type['update'], out_type['weight'], algorithm,
-                           state_on_server=False, what='--aggregator')
-
-  @tff.tensorflow.computation(server_state_type, out_type['update'], tf.float32)
-  def server_tf(server_state, mean_update, total_weight):
-    summed = aggregation.summed_contribution(algorithm, algorithm.broadcast(server_state),
-                                             mean_update, total_weight)
-    new_state = dict(algorithm.server_step(server_state, summed, total_weight))
-    new_state['weights'] = aggregation.nonnegative_variances(algorithm,
-                                                             list(new_state['weights']))
-    return new_state
+  @tff.tensorflow.computation(server_state_type, out_type['update'], out_type['exact'],
+                              tf.float32)
+  def server_tf(server_state, aggregate, exact, total_weight):
+    return round_.server_update(server_state, aggregate, exact, total_weight)
 
   @tff.federated_computation
   def initialize():
@@ -163,17 +109,12 @@ def _build_aggregated(algorithm, client_dataset_fn, factory, server_init_tf, cli
   state_type = initialize.type_signature.result
 
   @tff.federated_computation(state_type, tff.FederatedType(CLIENT_INPUT_TYPE, tff.CLIENTS),
-                             tff.FederatedType(client_state_type, tff.CLIENTS))
+                             tff.FederatedType(client_init_tf.type_signature.result, tff.CLIENTS))
   def next_fn(state, client_inputs, client_states):
     broadcast = tff.federated_broadcast(tff.federated_map(broadcast_tf, state.algorithm))
     outputs = tff.federated_map(client_tf, (broadcast, client_inputs, client_states))
-    if weighted:
-      agg_out = agg.next(state.aggregator, outputs.update, outputs.weight)
-      total = tff.federated_sum(outputs.weight)
-    else:
-      agg_out = agg.next(state.aggregator, outputs.update)
-      total = tff.federated_sum(outputs.one)
-    new_algorithm = tff.federated_map(server_tf, (state.algorithm, agg_out.result, total))
+    agg_out, exact, total = round_.aggregate(agg, state.aggregator, outputs)
+    new_algorithm = tff.federated_map(server_tf, (state.algorithm, agg_out.result, exact, total))
     new_state = tff.federated_zip(collections.OrderedDict(algorithm=new_algorithm,
                                                           aggregator=agg_out.state))
     metrics = tff.federated_zip(collections.OrderedDict(
@@ -181,7 +122,7 @@ def _build_aggregated(algorithm, client_dataset_fn, factory, server_init_tf, cli
     return new_state, outputs.client_state, metrics
 
   process = tff.templates.IterativeProcess(initialize, next_fn)
-  process.upload_bytes_per_client = aggregation.upload_bytes_per_client(agg)
+  process.upload_bytes_per_client = round_.upload_bytes_per_client(agg, out_type['exact'])
   return process
 
 
@@ -189,7 +130,8 @@ class TffRuntime:
   """The IterativeProcess behind the same interface as tf_runtime.TfRuntime (for the program).
 
   `initialize()` and `run_round(server_state, client_inputs, client_states)` call the process's
-  `initialize` and `next` in TFF's default context (install tff_decorr.tff_context first).
+  `initialize` and `next` in TFF's default context (install tff_decorr.tff_context first). The
+  server state is the algorithm's, plus 'aggregator' (the factory's state) under a factory.
   """
 
   def __init__(self, algorithm: base.Algorithm,
@@ -199,16 +141,15 @@ class TffRuntime:
     self.algorithm = algorithm
     self.aggregated = aggregator is not None
     self.process = build_process(algorithm, client_dataset_fn, initial_weights, aggregator)
+    self._empty_aggregator_state = None  # The plain sum's (empty) state, kept out of checkpoints.
 
   def initialize(self, initial_weights: Optional[Sequence[np.ndarray]] = None):
-    """The server state: the algorithm's, plus 'aggregator' (its state) with an aggregator."""
-    if not self.aggregated:
-      if initial_weights is not None:  # The process's initial state is baked in at build time.
-        return self.algorithm.initial_server_state(initial_weights)
-      return self.process.initialize()
     state = self.process.initialize()
     algorithm_state = (state['algorithm'] if initial_weights is None
                        else self.algorithm.initial_server_state(initial_weights))
+    if not self.aggregated:
+      self._empty_aggregator_state = state['aggregator']
+      return algorithm_state
     return {**algorithm_state, AGGREGATOR_KEY: state['aggregator']}
 
   def run_round(self, server_state, client_inputs, client_states):
@@ -218,15 +159,19 @@ class TffRuntime:
     if not client_inputs:
       raise ValueError('client_inputs is empty: sample at least one client per round.')
     inputs = [(str(c), int(s)) for c, s in client_inputs]
-    if not self.aggregated:
-      new_state, new_client_states, metrics = self.process.next(server_state, inputs,
-                                                                list(client_states))
-      return new_state, list(new_client_states), metrics
+    if self.aggregated:
+      aggregator_state = server_state[AGGREGATOR_KEY]
+    else:
+      if self._empty_aggregator_state is None:  # A resumed run that did not call initialize().
+        self._empty_aggregator_state = self.process.initialize()['aggregator']
+      aggregator_state = self._empty_aggregator_state
     state = collections.OrderedDict(
         algorithm={k: v for k, v in server_state.items() if k != AGGREGATOR_KEY},
-        aggregator=server_state[AGGREGATOR_KEY])
+        aggregator=aggregator_state)
     new_state, new_client_states, out = self.process.next(state, inputs, list(client_states))
     metrics = dict(out['train'])
+    if not self.aggregated:
+      return dict(new_state['algorithm']), list(new_client_states), metrics
     # Bytes as the aggregator's wire format sends them (compression: its encoded tensors); the
     # update as plain float32 is kept beside it.
     metrics['bytes_up_float32'] = metrics.get('bytes_up', 0.0)

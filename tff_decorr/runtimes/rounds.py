@@ -1,0 +1,135 @@
+"""One round of an algorithm, composed once: client work, aggregation, server update.
+
+In the spirit of tff.learning's `compose_learning_process`: an algorithm's client step and server
+step (tff_decorr.algorithms) are joined with an aggregator here and only here. The three ways of
+running a round are thin faces over a `Round`:
+- runtimes/tff_runtime.py: a tff.templates.IterativeProcess, client state CLIENTS-placed;
+- runtimes/tf_runtime.py: the same TF functions called in this process (a GPU when present);
+- learning.py: a tff.learning LearningProcess, client state in a server-held table.
+They differ only in where client state lives and how a client's dataset is named; what a client
+computes, what is aggregated and how the server updates is decided here.
+
+The aggregator is the plain sum (`factory=None`, bin/train's `--aggregator=mean`: each
+algorithm's own weighted average, summed by `tff.aggregators.SumFactory` in TFF or `tf.add_n`
+in-process) or any `tff.aggregators` factory. What a client sends (`Round.client_work`):
+  update  what the aggregator aggregates: the plain sum takes the algorithm's weighted
+          contribution; a factory takes contribution / weight as a model delta
+          (aggregation.client_update), which it may clip, zero, noise or quantise;
+  exact   the contribution's `Algorithm.exact_keys`, always summed exactly and never through a
+          factory (SCAFFOLD's control-variate deltas: its c must stay the clients' mean);
+  weight  the algorithm's aggregation weight; `one` = 1 (unweighted factories count clients).
+`Round.server_update` turns the aggregate back into the summed contribution the algorithm's
+`server_step` takes (aggregation.summed_contribution), adds the exact sums, and calls it.
+Whether an algorithm may run under a factory at all is its declared capabilities
+(base.Algorithm; aggregation.refusal), checked when the aggregation process is created.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Optional
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_decorr import aggregation
+from tff_decorr.algorithms import base
+from tff_decorr.algorithms.workspace import Workspace
+
+
+class Round:
+  """An algorithm joined with an aggregator (module docstring). Pure TF pieces plus the federated
+  aggregation step; the faces build computations or tf.functions around them."""
+
+  def __init__(self, algorithm: base.Algorithm,
+               factory: Optional[tff.aggregators.AggregationFactory] = None, *,
+               state_on_server: bool = False, what: str = '--aggregator'):
+    if not isinstance(algorithm, base.Algorithm):
+      raise ValueError(f'algorithm must be a tff_decorr Algorithm, got {type(algorithm).__name__}.')
+    if factory is not None:
+      aggregation.check_factory(factory, what)
+      aggregation.check_upload(algorithm, what)  # Before a client's delta is traced.
+    self.algorithm = algorithm
+    self.factory = factory
+    self.state_on_server = state_on_server
+    self.what = what
+    self.exact_keys = tuple(algorithm.exact_keys)
+    # The plain sum adds pre-weighted contributions; the server step divides by the summed weight.
+    self.weighted = factory is None or aggregation.is_weighted(factory)
+
+  @property
+  def plain(self) -> bool:
+    """The algorithm's own weighted sum (no tff.aggregators factory)."""
+    return self.factory is None
+
+  def new_workspace(self) -> Workspace:
+    return Workspace(self.algorithm.model_fn, self.algorithm.num_models)
+
+  # ---- client ----
+  def _split(self, contribution):
+    """(what the aggregator takes, the exact part) of a contribution."""
+    if not self.exact_keys:
+      return contribution, collections.OrderedDict()
+    missing = [k for k in self.exact_keys if k not in contribution]
+    if missing:
+      raise ValueError(f'{self.algorithm.name}: exact_keys {missing} are not keys of its '
+                       'contribution.')
+    rest = {k: v for k, v in contribution.items() if k not in self.exact_keys}
+    return rest, collections.OrderedDict((k, contribution[k]) for k in self.exact_keys)
+
+  def client_work(self, ws: Workspace):
+    """fn(broadcast, dataset, client_state) -> OrderedDict(update, exact, weight, one,
+    client_state, metrics), bound to workspace `ws` (TF ops; call it inside a tf.function or a
+    tff.tensorflow.computation)."""
+    step = self.algorithm.make_client_step(ws)
+
+    def work(broadcast, dataset, client_state):
+      out = step(broadcast, dataset, client_state)
+      rest, exact = self._split(out.contribution)
+      update = rest if self.plain else aggregation.client_update(
+          self.algorithm, broadcast, out._replace(contribution=rest))
+      return collections.OrderedDict(update=update, exact=exact, weight=out.weight,
+                                     one=tf.constant(1.0), client_state=out.client_state,
+                                     metrics=out.metrics)
+
+    return work
+
+  # ---- server ----
+  def server_update(self, server_state, aggregate, exact, total_weight):
+    """The algorithm's new server state from the aggregate, the exact sums and the total weight
+    (the summed weights; under an unweighted factory, the number of clients). TF ops."""
+    alg = self.algorithm
+    summed = aggregate if self.plain else aggregation.summed_contribution(
+        alg, alg.broadcast(server_state), aggregate, total_weight)
+    if self.exact_keys:
+      summed = {**summed, **exact}
+    new_state = dict(alg.server_step(server_state, summed, total_weight))
+    if not self.plain:  # Noise or quantisation can push an averaged variance below zero.
+      new_state['weights'] = aggregation.nonnegative_variances(alg, list(new_state['weights']))
+    return new_state
+
+  # ---- aggregation (federated) ----
+  def aggregation_process(self, update_type, weight_type) -> tff.templates.AggregationProcess:
+    """The process that aggregates `update`: SumFactory's for the plain sum, else the factory's
+    (after the compatibility check against the algorithm's capabilities)."""
+    if self.plain:
+      return tff.aggregators.SumFactory().create(update_type)
+    return aggregation.create(self.factory, update_type, weight_type, self.algorithm,
+                              state_on_server=self.state_on_server, what=self.what)
+
+  def aggregate(self, process: tff.templates.AggregationProcess, state, outputs):
+    """Inside a federated computation: (process output, exact sums, total weight) @SERVER from
+    the clients' `client_work` outputs."""
+    if not self.plain and self.weighted:
+      out = process.next(state, outputs.update, outputs.weight)
+    else:
+      out = process.next(state, outputs.update)
+    total = tff.federated_sum(outputs.weight if self.weighted else outputs.one)
+    return out, tff.federated_sum(outputs.exact), total
+
+  def upload_bytes_per_client(self, process, exact_type) -> Optional[int]:
+    """Bytes a client sends under a factory (its wire format plus the exact part); None for the
+    plain sum, whose clients report their own bytes (fedavg_decomposed's vary by round)."""
+    if self.plain:
+      return None
+    return aggregation.upload_bytes_per_client(process) + aggregation.tensor_bytes(exact_type)
