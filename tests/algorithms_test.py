@@ -12,7 +12,10 @@ import scipy.optimize
 import tensorflow as tf
 
 from tff_decorr import algorithms
+from tff_decorr.algorithms import base
+from tff_decorr.algorithms import client_update
 from tff_decorr.algorithms import testing
+from tff_decorr.algorithms import workspace
 from tff_decorr.runtimes import tf_runtime
 
 DATA = testing.synthetic_clients()  # sizes 10, 6, 14, 8 -> 3, 2, 4, 2 batches of 4
@@ -36,6 +39,28 @@ def run(alg, state, clients, client_states=None, seed=0, shuffle=False, epochs=E
     client_states = [init] * len(clients)
   return runtime(alg, shuffle, epochs).run_round(state, [(c, seed) for c in clients],
                                                  client_states)
+
+
+_LOCAL = {}
+
+
+def local_model(x, client, data=DATA, epochs=EPOCHS):
+  """Client `client`'s model after local training from weights x: the shared local loop alone
+  (tested against hand-written SGD below), no algorithm and no server step. Returns
+  (weights, examples, steps)."""
+  key = (id(data), epochs)
+  if key not in _LOCAL:
+    ws = workspace.Workspace(testing.tiny_model)
+    dataset_fn = testing.make_client_dataset_fn(data, epochs=epochs)
+    _LOCAL[key] = tf.function(lambda w, c: client_update.local_train(
+        ws, w, dataset_fn(c, tf.constant(0, tf.int64)), CFG))
+  res = _LOCAL[key]([tf.constant(w) for w in x], tf.constant(client))
+  return [w.numpy() for w in res.weights], float(res.num_examples), int(res.num_steps)
+
+
+def momentum_steps(tau, rho):
+  """FedNova's a_i in NumPy: the closed form of fednova.py's docstring."""
+  return tau if rho == 0 else (tau - rho * (1 - rho ** tau) / (1 - rho)) / (1 - rho)
 
 
 def assert_lists_close(test, a, b, atol=1e-6, rtol=1e-5):
@@ -209,33 +234,75 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertGreater(l_con, 0.01)
     self.assertAllClose(m['extra_sum'] / len(x), mu * l_con, rtol=1e-4)
 
-  def test_fednova_equal_steps_is_fedavg_and_partial_participation_works(self):
+  def test_fednova_equal_steps_is_fedavg(self):
     alg = algorithms.build('fednova', testing.tiny_model, CFG)
     s = run(alg, self.s0, ['1', '3'])[0]  # 2 batches each, different sizes (6, 8)
     assert_lists_close(self, s['weights'], run(self.fedavg, self.s0, ['1', '3'])[0]['weights'])
-    s = run(alg, self.s0, ['0', '2'])[0]  # 3 vs 4 batches: normalised, not FedAvg
-    fa = run(self.fedavg, self.s0, ['0', '2'])[0]['weights']
-    self.assertGreater(np.abs(s['weights'][0] - fa[0]).max(), 1e-5)
-    # Closed form for the unequal case: tau_eff * sum p_i (x - y_i)/a_i.
-    rho = CFG.momentum
-    a = {c: (t - rho * (1 - rho ** t) / (1 - rho)) / (1 - rho) for c, t in (('0', 6), ('2', 8))}
-    p = {'0': SIZES[0] / (SIZES[0] + SIZES[2]), '2': SIZES[2] / (SIZES[0] + SIZES[2])}
-    tau_eff = sum(p[c] * a[c] for c in '02')
-    want = [x - tau_eff * sum(p[c] * (x - self.y[c][i]) / a[c] for c in '02')
-            for i, x in enumerate(self.x0)]
-    assert_lists_close(self, s['weights'], want, atol=1e-5)
-    # Partial participation (3 of 4 clients, from the state above): p_i and tau_eff over the
-    # sampled clients only. Each y_i is one client's local training from that state (FedAvg alone).
-    clients, steps = ['0', '1', '3'], {'0': 6, '1': 4, '3': 4}
-    ys = {c: run(self.fedavg, {'weights': s['weights']}, [c])[0]['weights'] for c in clients}
-    a = {c: (t - rho * (1 - rho ** t) / (1 - rho)) / (1 - rho) for c, t in steps.items()}
-    total = sum(SIZES[int(c)] for c in clients)
-    p = {c: SIZES[int(c)] / total for c in clients}
+
+  def numpy_fednova(self, x, clients, rho=CFG.momentum):
+    """One FedNova round in NumPy from each client's locally trained model: trainable weights
+    x - tau_eff sum_i p_i (x - y_i)/a_i, non-trainable (BN statistics) sum_i p_i y_i."""
+    ys, n, tau = {}, {}, {}
+    for c in clients:
+      ys[c], n[c], tau[c] = local_model(x, c)
+      # Steps and examples as the data says: ceil(size / batch 4) batches per epoch.
+      self.assertEqual(tau[c], EPOCHS * -(-SIZES[int(c)] // 4))
+      self.assertEqual(n[c], EPOCHS * SIZES[int(c)])
+    a = {c: momentum_steps(tau[c], rho) for c in clients}
+    p = {c: n[c] / sum(n.values()) for c in clients}
     tau_eff = sum(p[c] * a[c] for c in clients)
-    want = [x - tau_eff * sum(p[c] * (x - ys[c][i]) / a[c] for c in clients)
-            for i, x in enumerate(s['weights'])]
-    got = run(alg, s, clients)[0]['weights']
-    assert_lists_close(self, got, want, atol=1e-5)
+    new = [xi - tau_eff * sum(p[c] * (xi - ys[c][i]) / a[c] for c in clients) if t
+           else sum(p[c] * ys[c][i] for c in clients)
+           for i, (xi, t) in enumerate(zip(x, self.fedavg.spec.trainable))]
+    # What the former whole-state rule gave the BN statistics, for the tests' negative controls.
+    old = [xi - tau_eff * sum(p[c] * (xi - ys[c][i]) / a[c] for c in clients)
+           for i, xi in enumerate(x)]
+    return new, old
+
+  def test_fednova_normalises_weights_and_averages_bn_statistics(self):
+    alg = algorithms.build('fednova', testing.tiny_model, CFG)
+    stats = [i for i, t in enumerate(alg.spec.trainable) if not t]
+    self.assertLen(stats, 2)  # bn moving mean and variance
+    # Three clients with 6, 4 and 8 local steps (sizes 10, 6, 14): normalisation matters.
+    clients = ['0', '1', '2']
+    s = run(alg, self.s0, clients)[0]
+    want, old = self.numpy_fednova(self.x0, clients)
+    assert_lists_close(self, s['weights'], want, atol=1e-5)
+    for i in stats:  # The statistics differ from the former extrapolated value: the test can tell.
+      self.assertGreater(np.abs(old[i] - want[i]).max(), 1e-3)
+    fa = run(self.fedavg, self.s0, clients)[0]['weights']
+    self.assertGreater(np.abs(s['weights'][0] - fa[0]).max(), 1e-5)  # ... and it is not FedAvg.
+    # Partial participation (3 of 4 clients, from the state above): p_i and tau_eff over the
+    # sampled clients only.
+    clients = ['0', '1', '3']
+    want, _ = self.numpy_fednova(s['weights'], clients)
+    assert_lists_close(self, run(alg, s, clients)[0]['weights'], want, atol=1e-5)
+
+  def test_fednova_bn_variance_stays_a_mean_where_extrapolation_goes_negative(self):
+    # One client takes 1 local step, the other 20 (a_i = 1 vs 120.9 at momentum 0.9) on inputs of
+    # small variance: the first client's moving variance barely leaves 1, the second's drops to
+    # about its small batch variance. The former rule moved the variance by
+    # sum_i p_i (tau_eff / a_i)(y_i - x), with tau_eff / a_1 = 115: far below zero.
+    rng = np.random.RandomState(3)
+    data = [(0.1 * rng.normal(size=(n,) + testing.INPUT_SHAPE).astype(np.float32),
+             rng.randint(0, testing.NUM_CLASSES, size=n).astype(np.int32)) for n in (4, 80)]
+    alg = algorithms.build('fednova', testing.tiny_model, CFG)
+    rt = tf_runtime.TfRuntime(alg, testing.make_client_dataset_fn(data, epochs=1))
+    got = rt.run_round(self.s0, [('0', 0), ('1', 0)], [base.NO_CLIENT_STATE] * 2)[0]['weights']
+    var = alg.spec.names.index(next(n for n in alg.spec.names if 'moving_variance' in n))
+    ys, n, a = [], [], []
+    for c in '01':
+      y, examples, steps = local_model(self.x0, c, data=data, epochs=1)
+      ys.append(y[var])
+      n.append(examples)
+      a.append(momentum_steps(steps, CFG.momentum))
+    self.assertAlmostEqual(a[0], 1.0)
+    p = np.array(n) / sum(n)
+    tau_eff = float(np.dot(p, a))
+    old = self.x0[var] - tau_eff * sum(p[k] * (self.x0[var] - ys[k]) / a[k] for k in range(2))
+    self.assertLess(old.min(), -0.1)  # The construction does what it says.
+    np.testing.assert_allclose(got[var], p[0] * ys[0] + p[1] * ys[1], rtol=1e-5)
+    self.assertGreater(got[var].min(), 0.0)
 
   def test_decomposed_fast_slow(self):
     build = lambda k: algorithms.build('fedavg_decomposed', testing.tiny_decomposed_model, CFG,
