@@ -128,43 +128,53 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     dist = lambda w: np.sqrt(sum(np.sum((w[i] - self.x0[i]) ** 2) for i in tr))
     self.assertLess(dist(s['weights']), 0.3 * dist(self.y['2']))
 
-  def test_fedavgm_reference_form_matches_closed_form_over_three_rounds(self):
+  @parameterized.parameters(('reference', 1.0), ('tff', 0.7))
+  def test_fedavgm_matches_numpy_over_three_rounds(self, form, server_lr):
+    # NumPy follows its own trajectory: each round the clients' models are trained from the NumPy
+    # x (local loop only), averaged by examples here, and the server rule applied here.
     b = 0.5
-    alg = algorithms.build('fedavgm', testing.tiny_model, CFG, server_momentum=b)
+    alg = algorithms.build('fedavgm', testing.tiny_model, CFG, server_momentum=b, form=form,
+                           server_lr=server_lr)
     state = alg.initial_server_state(self.x0)
     x, m = [w.copy() for w in self.x0], [np.zeros_like(w) for w in self.x0]
     clients = ['0', '3']
-    trainable = alg.spec.trainable
-    for _ in range(3):
+    for r in range(3):
       state = run(alg, state, clients)[0]
-      avg = run(self.fedavg, {'weights': x}, clients)[0]['weights']
-      m = [b * mi + (1 - b) * (a - xi) if t else 0 * mi
-           for mi, a, xi, t in zip(m, avg, x, trainable)]
-      x = [xi + mi if t else a for xi, mi, a, t in zip(x, m, avg, trainable)]
+      local = [local_model(x, c) for c in clients]
+      total = sum(n for _, n, _ in local)
+      avg = [sum(n * y[i] for y, n, _ in local) / total for i in range(len(x))]
+      for i, trainable in enumerate(alg.spec.trainable):
+        if trainable:
+          if form == 'reference':  # m = b m + (1-b) delta; x += m
+            m[i] = b * m[i] + (1 - b) * (avg[i] - x[i])
+            x[i] = x[i] + m[i]
+          else:  # m = b m + delta; x += server_lr m
+            m[i] = b * m[i] + (avg[i] - x[i])
+            x[i] = x[i] + server_lr * m[i]
+        else:  # BN statistics: EMA toward the average, momentum entry stays 0.
+          if r == 0:  # The EMA is not the average (FedAvg's rule): the test can tell them apart.
+            self.assertGreater(np.abs(avg[i] - (b * x[i] + (1 - b) * avg[i])).max(), 1e-3)
+          x[i] = b * x[i] + (1 - b) * avg[i]
       assert_lists_close(self, state['weights'], x, atol=1e-5)
       assert_lists_close(self, state['momentum'], m, atol=1e-5)
-    # The TFF-style form ('tff'): m = b m + delta, x += server_lr m; not the reference form.
-    sgdm = algorithms.build('fedavgm', testing.tiny_model, CFG, server_momentum=b, form='tff',
-                            server_lr=0.7)
-    s1 = run(sgdm, sgdm.initial_server_state(self.x0), clients)[0]
-    avg0 = run(self.fedavg, self.s0, clients)[0]['weights']
-    assert_lists_close(self, s1['weights'],
-                       [x0 + 0.7 * (a - x0) if t else a
-                        for x0, a, t in zip(self.x0, avg0, sgdm.spec.trainable)], atol=1e-6)
 
   @parameterized.parameters('reference', 'tff')
   def test_fedavgm_never_drives_bn_variance_negative(self, form):
     # The clients' averaged moving variance drops to 0.01 and stays there; every other weight is
-    # unchanged. Momentum on the variance would overshoot below zero (complex eigenvalues).
-    alg = algorithms.build('fedavgm', testing.tiny_model, CFG, server_momentum=0.9, form=form)
+    # unchanged. Momentum on the variance would overshoot below zero (complex eigenvalues); the
+    # EMA s_t = 0.01 + (s_0 - 0.01) b^t decreases monotonically toward 0.01.
+    b = 0.9
+    alg = algorithms.build('fedavgm', testing.tiny_model, CFG, server_momentum=b, form=form)
     var = alg.spec.names.index(next(n for n in alg.spec.names if 'moving_variance' in n))
     target = [w.copy() for w in self.x0]
     target[var] = np.full_like(self.x0[var], 0.01)
     state = alg.initial_server_state(self.x0)
     step = tf.function(alg.server_step)
-    for _ in range(30):
-      state = step(state, [tf.constant(3.0 * t) for t in target], tf.constant(3.0))
-      np.testing.assert_allclose(state['weights'][var], target[var], rtol=1e-6)
+    for t in range(1, 31):
+      state = step(state, [tf.constant(3.0 * w) for w in target], tf.constant(3.0))
+      want = 0.01 + (self.x0[var].astype(np.float64) - 0.01) * b ** t
+      np.testing.assert_allclose(state['weights'][var], want, rtol=1e-5)
+      self.assertGreater(np.min(state['weights'][var]), 0.01)
     # Negative control, in NumPy: the same momentum applied to the variance goes negative.
     x, m, lows = 1.0, 0.0, []
     for _ in range(30):
