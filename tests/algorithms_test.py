@@ -212,13 +212,50 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     s2_fresh, _, _ = run(alg, s, ['0'], [alg.initial_client_state(self.x0)])
     self.assertGreater(np.abs(s2['weights'][0] - s2_fresh['weights'][0]).max(), 1e-6)
 
-  def test_moon_temperature_changes_update_and_mu_zero_is_fedavg(self):
-    def moon(**kw):
-      return algorithms.build('moon', testing.tiny_model, CFG, **kw)
-    m0 = moon(mu=0.0)
+  def test_moon_mu_zero_is_fedavg(self):
+    m0 = algorithms.build('moon', testing.tiny_model, CFG, mu=0.0)
     s, states, _ = run(m0, self.s0, ['2'])
     assert_lists_close(self, s['weights'], self.y['2'])
     assert_lists_close(self, states[0]['previous'], self.y['2'])
+
+  def test_moon_temperature_changes_the_update_as_the_formula_says(self):
+    # One step (one batch of 14, one epoch) from x0 at T = 0.5 and T = 5, against the same step
+    # written here: Keras gradients of CE + mu * l_con(T) with l_con spelled out from the MOON
+    # paper (global and previous models in inference mode, constants), and the NumPy update of
+    # torch.optim.SGD (zeroed buffer: buf = g + wd w).
+    mu = 0.7
+    x, labels = DATA[2]
+    model, aux = testing.tiny_model(), testing.tiny_model()
+
+    def normalised_rep(weights):
+      aux.set_weights(weights)
+      z = aux(x, training=False)['representation']
+      return z / tf.norm(z, axis=1, keepdims=True)
+
+    zg, zp = normalised_rep(self.x0), normalised_rep(self.y['3'])
+    got = {}
+    for temperature in (0.5, 5.0):
+      alg = algorithms.build('moon', testing.tiny_model, CFG, mu=mu, temperature=temperature)
+      rt = tf_runtime.TfRuntime(alg, testing.make_client_dataset_fn(DATA, batch_size=16))
+      got[temperature] = rt.run_round(self.s0, [('2', 0)], [{'previous': self.y['3']}])[0][
+          'weights']
+      model.set_weights(self.x0)
+      with tf.GradientTape() as tape:
+        out = model(x, training=True)
+        ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, out['logits']))
+        z = out['representation'] / tf.norm(out['representation'], axis=1, keepdims=True)
+        pos = tf.reduce_sum(z * zg, 1) / temperature
+        neg = tf.reduce_sum(z * zp, 1) / temperature
+        l_con = tf.reduce_mean(tf.math.log(tf.exp(pos) + tf.exp(neg)) - pos)
+        loss = ce + mu * l_con
+      grads = tape.gradient(loss, model.trainable_weights)
+      for v, g in zip(model.trainable_weights, grads):
+        w = v.numpy()
+        v.assign(w - CFG.lr * (g.numpy() + CFG.weight_decay * w))
+      assert_lists_close(self, got[temperature], model.get_weights())
+    # The temperature reached the gradient: the two updates differ well beyond round-off.
+    conv = alg.spec.names.index(next(n for n in alg.spec.names if 'conv' in n and 'kernel' in n))
+    self.assertGreater(np.abs(got[0.5][conv] - got[5.0][conv]).max(), 1e-4)
 
   @parameterized.parameters(0.5, 5.0)
   def test_moon_contrastive_term_equals_numpy(self, temperature):
