@@ -12,7 +12,10 @@ import scipy.optimize
 import tensorflow as tf
 
 from tff_decorr import algorithms
+from tff_decorr.algorithms import base
+from tff_decorr.algorithms import client_update
 from tff_decorr.algorithms import testing
+from tff_decorr.algorithms import workspace
 from tff_decorr.runtimes import tf_runtime
 
 DATA = testing.synthetic_clients()  # sizes 10, 6, 14, 8 -> 3, 2, 4, 2 batches of 4
@@ -36,6 +39,28 @@ def run(alg, state, clients, client_states=None, seed=0, shuffle=False, epochs=E
     client_states = [init] * len(clients)
   return runtime(alg, shuffle, epochs).run_round(state, [(c, seed) for c in clients],
                                                  client_states)
+
+
+_LOCAL = {}
+
+
+def local_model(x, client, data=DATA, epochs=EPOCHS):
+  """Client `client`'s model after local training from weights x: the shared local loop alone
+  (tested against hand-written SGD below), no algorithm and no server step. Returns
+  (weights, examples, steps)."""
+  key = (id(data), epochs)
+  if key not in _LOCAL:
+    ws = workspace.Workspace(testing.tiny_model)
+    dataset_fn = testing.make_client_dataset_fn(data, epochs=epochs)
+    _LOCAL[key] = tf.function(lambda w, c: client_update.local_train(
+        ws, w, dataset_fn(c, tf.constant(0, tf.int64)), CFG))
+  res = _LOCAL[key]([tf.constant(w) for w in x], tf.constant(client))
+  return [w.numpy() for w in res.weights], float(res.num_examples), int(res.num_steps)
+
+
+def momentum_steps(tau, rho):
+  """FedNova's a_i in NumPy: the closed form of fednova.py's docstring."""
+  return tau if rho == 0 else (tau - rho * (1 - rho ** tau) / (1 - rho)) / (1 - rho)
 
 
 def assert_lists_close(test, a, b, atol=1e-6, rtol=1e-5):
@@ -103,43 +128,53 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     dist = lambda w: np.sqrt(sum(np.sum((w[i] - self.x0[i]) ** 2) for i in tr))
     self.assertLess(dist(s['weights']), 0.3 * dist(self.y['2']))
 
-  def test_fedavgm_reference_form_matches_closed_form_over_three_rounds(self):
+  @parameterized.parameters(('reference', 1.0), ('tff', 0.7))
+  def test_fedavgm_matches_numpy_over_three_rounds(self, form, server_lr):
+    # NumPy follows its own trajectory: each round the clients' models are trained from the NumPy
+    # x (local loop only), averaged by examples here, and the server rule applied here.
     b = 0.5
-    alg = algorithms.build('fedavgm', testing.tiny_model, CFG, server_momentum=b)
+    alg = algorithms.build('fedavgm', testing.tiny_model, CFG, server_momentum=b, form=form,
+                           server_lr=server_lr)
     state = alg.initial_server_state(self.x0)
     x, m = [w.copy() for w in self.x0], [np.zeros_like(w) for w in self.x0]
     clients = ['0', '3']
-    trainable = alg.spec.trainable
-    for _ in range(3):
+    for r in range(3):
       state = run(alg, state, clients)[0]
-      avg = run(self.fedavg, {'weights': x}, clients)[0]['weights']
-      m = [b * mi + (1 - b) * (a - xi) if t else 0 * mi
-           for mi, a, xi, t in zip(m, avg, x, trainable)]
-      x = [xi + mi if t else a for xi, mi, a, t in zip(x, m, avg, trainable)]
+      local = [local_model(x, c) for c in clients]
+      total = sum(n for _, n, _ in local)
+      avg = [sum(n * y[i] for y, n, _ in local) / total for i in range(len(x))]
+      for i, trainable in enumerate(alg.spec.trainable):
+        if trainable:
+          if form == 'reference':  # m = b m + (1-b) delta; x += m
+            m[i] = b * m[i] + (1 - b) * (avg[i] - x[i])
+            x[i] = x[i] + m[i]
+          else:  # m = b m + delta; x += server_lr m
+            m[i] = b * m[i] + (avg[i] - x[i])
+            x[i] = x[i] + server_lr * m[i]
+        else:  # BN statistics: EMA toward the average, momentum entry stays 0.
+          if r == 0:  # The EMA is not the average (FedAvg's rule): the test can tell them apart.
+            self.assertGreater(np.abs(avg[i] - (b * x[i] + (1 - b) * avg[i])).max(), 1e-3)
+          x[i] = b * x[i] + (1 - b) * avg[i]
       assert_lists_close(self, state['weights'], x, atol=1e-5)
       assert_lists_close(self, state['momentum'], m, atol=1e-5)
-    # The TFF-style form ('tff'): m = b m + delta, x += server_lr m; not the reference form.
-    sgdm = algorithms.build('fedavgm', testing.tiny_model, CFG, server_momentum=b, form='tff',
-                            server_lr=0.7)
-    s1 = run(sgdm, sgdm.initial_server_state(self.x0), clients)[0]
-    avg0 = run(self.fedavg, self.s0, clients)[0]['weights']
-    assert_lists_close(self, s1['weights'],
-                       [x0 + 0.7 * (a - x0) if t else a
-                        for x0, a, t in zip(self.x0, avg0, sgdm.spec.trainable)], atol=1e-6)
 
   @parameterized.parameters('reference', 'tff')
   def test_fedavgm_never_drives_bn_variance_negative(self, form):
     # The clients' averaged moving variance drops to 0.01 and stays there; every other weight is
-    # unchanged. Momentum on the variance would overshoot below zero (complex eigenvalues).
-    alg = algorithms.build('fedavgm', testing.tiny_model, CFG, server_momentum=0.9, form=form)
+    # unchanged. Momentum on the variance would overshoot below zero (complex eigenvalues); the
+    # EMA s_t = 0.01 + (s_0 - 0.01) b^t decreases monotonically toward 0.01.
+    b = 0.9
+    alg = algorithms.build('fedavgm', testing.tiny_model, CFG, server_momentum=b, form=form)
     var = alg.spec.names.index(next(n for n in alg.spec.names if 'moving_variance' in n))
     target = [w.copy() for w in self.x0]
     target[var] = np.full_like(self.x0[var], 0.01)
     state = alg.initial_server_state(self.x0)
     step = tf.function(alg.server_step)
-    for _ in range(30):
-      state = step(state, [tf.constant(3.0 * t) for t in target], tf.constant(3.0))
-      np.testing.assert_allclose(state['weights'][var], target[var], rtol=1e-6)
+    for t in range(1, 31):
+      state = step(state, [tf.constant(3.0 * w) for w in target], tf.constant(3.0))
+      want = 0.01 + (self.x0[var].astype(np.float64) - 0.01) * b ** t
+      np.testing.assert_allclose(state['weights'][var], want, rtol=1e-5)
+      self.assertGreater(np.min(state['weights'][var]), 0.01)
     # Negative control, in NumPy: the same momentum applied to the variance goes negative.
     x, m, lows = 1.0, 0.0, []
     for _ in range(30):
@@ -177,13 +212,50 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     s2_fresh, _, _ = run(alg, s, ['0'], [alg.initial_client_state(self.x0)])
     self.assertGreater(np.abs(s2['weights'][0] - s2_fresh['weights'][0]).max(), 1e-6)
 
-  def test_moon_temperature_changes_update_and_mu_zero_is_fedavg(self):
-    def moon(**kw):
-      return algorithms.build('moon', testing.tiny_model, CFG, **kw)
-    m0 = moon(mu=0.0)
+  def test_moon_mu_zero_is_fedavg(self):
+    m0 = algorithms.build('moon', testing.tiny_model, CFG, mu=0.0)
     s, states, _ = run(m0, self.s0, ['2'])
     assert_lists_close(self, s['weights'], self.y['2'])
     assert_lists_close(self, states[0]['previous'], self.y['2'])
+
+  def test_moon_temperature_changes_the_update_as_the_formula_says(self):
+    # One step (one batch of 14, one epoch) from x0 at T = 0.5 and T = 5, against the same step
+    # written here: Keras gradients of CE + mu * l_con(T) with l_con spelled out from the MOON
+    # paper (global and previous models in inference mode, constants), and the NumPy update of
+    # torch.optim.SGD (zeroed buffer: buf = g + wd w).
+    mu = 0.7
+    x, labels = DATA[2]
+    model, aux = testing.tiny_model(), testing.tiny_model()
+
+    def normalised_rep(weights):
+      aux.set_weights(weights)
+      z = aux(x, training=False)['representation']
+      return z / tf.norm(z, axis=1, keepdims=True)
+
+    zg, zp = normalised_rep(self.x0), normalised_rep(self.y['3'])
+    got = {}
+    for temperature in (0.5, 5.0):
+      alg = algorithms.build('moon', testing.tiny_model, CFG, mu=mu, temperature=temperature)
+      rt = tf_runtime.TfRuntime(alg, testing.make_client_dataset_fn(DATA, batch_size=16))
+      got[temperature] = rt.run_round(self.s0, [('2', 0)], [{'previous': self.y['3']}])[0][
+          'weights']
+      model.set_weights(self.x0)
+      with tf.GradientTape() as tape:
+        out = model(x, training=True)
+        ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, out['logits']))
+        z = out['representation'] / tf.norm(out['representation'], axis=1, keepdims=True)
+        pos = tf.reduce_sum(z * zg, 1) / temperature
+        neg = tf.reduce_sum(z * zp, 1) / temperature
+        l_con = tf.reduce_mean(tf.math.log(tf.exp(pos) + tf.exp(neg)) - pos)
+        loss = ce + mu * l_con
+      grads = tape.gradient(loss, model.trainable_weights)
+      for v, g in zip(model.trainable_weights, grads):
+        w = v.numpy()
+        v.assign(w - CFG.lr * (g.numpy() + CFG.weight_decay * w))
+      assert_lists_close(self, got[temperature], model.get_weights())
+    # The temperature reached the gradient: the two updates differ well beyond round-off.
+    conv = alg.spec.names.index(next(n for n in alg.spec.names if 'conv' in n and 'kernel' in n))
+    self.assertGreater(np.abs(got[0.5][conv] - got[5.0][conv]).max(), 1e-4)
 
   @parameterized.parameters(0.5, 5.0)
   def test_moon_contrastive_term_equals_numpy(self, temperature):
@@ -209,33 +281,75 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertGreater(l_con, 0.01)
     self.assertAllClose(m['extra_sum'] / len(x), mu * l_con, rtol=1e-4)
 
-  def test_fednova_equal_steps_is_fedavg_and_partial_participation_works(self):
+  def test_fednova_equal_steps_is_fedavg(self):
     alg = algorithms.build('fednova', testing.tiny_model, CFG)
     s = run(alg, self.s0, ['1', '3'])[0]  # 2 batches each, different sizes (6, 8)
     assert_lists_close(self, s['weights'], run(self.fedavg, self.s0, ['1', '3'])[0]['weights'])
-    s = run(alg, self.s0, ['0', '2'])[0]  # 3 vs 4 batches: normalised, not FedAvg
-    fa = run(self.fedavg, self.s0, ['0', '2'])[0]['weights']
-    self.assertGreater(np.abs(s['weights'][0] - fa[0]).max(), 1e-5)
-    # Closed form for the unequal case: tau_eff * sum p_i (x - y_i)/a_i.
-    rho = CFG.momentum
-    a = {c: (t - rho * (1 - rho ** t) / (1 - rho)) / (1 - rho) for c, t in (('0', 6), ('2', 8))}
-    p = {'0': SIZES[0] / (SIZES[0] + SIZES[2]), '2': SIZES[2] / (SIZES[0] + SIZES[2])}
-    tau_eff = sum(p[c] * a[c] for c in '02')
-    want = [x - tau_eff * sum(p[c] * (x - self.y[c][i]) / a[c] for c in '02')
-            for i, x in enumerate(self.x0)]
-    assert_lists_close(self, s['weights'], want, atol=1e-5)
-    # Partial participation (3 of 4 clients, from the state above): p_i and tau_eff over the
-    # sampled clients only. Each y_i is one client's local training from that state (FedAvg alone).
-    clients, steps = ['0', '1', '3'], {'0': 6, '1': 4, '3': 4}
-    ys = {c: run(self.fedavg, {'weights': s['weights']}, [c])[0]['weights'] for c in clients}
-    a = {c: (t - rho * (1 - rho ** t) / (1 - rho)) / (1 - rho) for c, t in steps.items()}
-    total = sum(SIZES[int(c)] for c in clients)
-    p = {c: SIZES[int(c)] / total for c in clients}
+
+  def numpy_fednova(self, x, clients, rho=CFG.momentum):
+    """One FedNova round in NumPy from each client's locally trained model: trainable weights
+    x - tau_eff sum_i p_i (x - y_i)/a_i, non-trainable (BN statistics) sum_i p_i y_i."""
+    ys, n, tau = {}, {}, {}
+    for c in clients:
+      ys[c], n[c], tau[c] = local_model(x, c)
+      # Steps and examples as the data says: ceil(size / batch 4) batches per epoch.
+      self.assertEqual(tau[c], EPOCHS * -(-SIZES[int(c)] // 4))
+      self.assertEqual(n[c], EPOCHS * SIZES[int(c)])
+    a = {c: momentum_steps(tau[c], rho) for c in clients}
+    p = {c: n[c] / sum(n.values()) for c in clients}
     tau_eff = sum(p[c] * a[c] for c in clients)
-    want = [x - tau_eff * sum(p[c] * (x - ys[c][i]) / a[c] for c in clients)
-            for i, x in enumerate(s['weights'])]
-    got = run(alg, s, clients)[0]['weights']
-    assert_lists_close(self, got, want, atol=1e-5)
+    new = [xi - tau_eff * sum(p[c] * (xi - ys[c][i]) / a[c] for c in clients) if t
+           else sum(p[c] * ys[c][i] for c in clients)
+           for i, (xi, t) in enumerate(zip(x, self.fedavg.spec.trainable))]
+    # What the former whole-state rule gave the BN statistics, for the tests' negative controls.
+    old = [xi - tau_eff * sum(p[c] * (xi - ys[c][i]) / a[c] for c in clients)
+           for i, xi in enumerate(x)]
+    return new, old
+
+  def test_fednova_normalises_weights_and_averages_bn_statistics(self):
+    alg = algorithms.build('fednova', testing.tiny_model, CFG)
+    stats = [i for i, t in enumerate(alg.spec.trainable) if not t]
+    self.assertLen(stats, 2)  # bn moving mean and variance
+    # Three clients with 6, 4 and 8 local steps (sizes 10, 6, 14): normalisation matters.
+    clients = ['0', '1', '2']
+    s = run(alg, self.s0, clients)[0]
+    want, old = self.numpy_fednova(self.x0, clients)
+    assert_lists_close(self, s['weights'], want, atol=1e-5)
+    for i in stats:  # The statistics differ from the former extrapolated value: the test can tell.
+      self.assertGreater(np.abs(old[i] - want[i]).max(), 1e-3)
+    fa = run(self.fedavg, self.s0, clients)[0]['weights']
+    self.assertGreater(np.abs(s['weights'][0] - fa[0]).max(), 1e-5)  # ... and it is not FedAvg.
+    # Partial participation (3 of 4 clients, from the state above): p_i and tau_eff over the
+    # sampled clients only.
+    clients = ['0', '1', '3']
+    want, _ = self.numpy_fednova(s['weights'], clients)
+    assert_lists_close(self, run(alg, s, clients)[0]['weights'], want, atol=1e-5)
+
+  def test_fednova_bn_variance_stays_a_mean_where_extrapolation_goes_negative(self):
+    # One client takes 1 local step, the other 20 (a_i = 1 vs 120.9 at momentum 0.9) on inputs of
+    # small variance: the first client's moving variance barely leaves 1, the second's drops to
+    # about its small batch variance. The former rule moved the variance by
+    # sum_i p_i (tau_eff / a_i)(y_i - x), with tau_eff / a_1 = 115: far below zero.
+    rng = np.random.RandomState(3)
+    data = [(0.1 * rng.normal(size=(n,) + testing.INPUT_SHAPE).astype(np.float32),
+             rng.randint(0, testing.NUM_CLASSES, size=n).astype(np.int32)) for n in (4, 80)]
+    alg = algorithms.build('fednova', testing.tiny_model, CFG)
+    rt = tf_runtime.TfRuntime(alg, testing.make_client_dataset_fn(data, epochs=1))
+    got = rt.run_round(self.s0, [('0', 0), ('1', 0)], [base.NO_CLIENT_STATE] * 2)[0]['weights']
+    var = alg.spec.names.index(next(n for n in alg.spec.names if 'moving_variance' in n))
+    ys, n, a = [], [], []
+    for c in '01':
+      y, examples, steps = local_model(self.x0, c, data=data, epochs=1)
+      ys.append(y[var])
+      n.append(examples)
+      a.append(momentum_steps(steps, CFG.momentum))
+    self.assertAlmostEqual(a[0], 1.0)
+    p = np.array(n) / sum(n)
+    tau_eff = float(np.dot(p, a))
+    old = self.x0[var] - tau_eff * sum(p[k] * (self.x0[var] - ys[k]) / a[k] for k in range(2))
+    self.assertLess(old.min(), -0.1)  # The construction does what it says.
+    np.testing.assert_allclose(got[var], p[0] * ys[0] + p[1] * ys[1], rtol=1e-5)
+    self.assertGreater(got[var].min(), 0.0)
 
   def test_decomposed_fast_slow(self):
     build = lambda k: algorithms.build('fedavg_decomposed', testing.tiny_decomposed_model, CFG,

@@ -178,7 +178,11 @@ class SpectrumTest(absltest.TestCase):
     self.assertEqual(summary['num_significant_absolute'], 2)
     self.assertEqual(summary['num_nonzero'], 3)
     self.assertEqual(summary['dim'], 4)
-    self.assertEqual(summary['effective_rank'], analysis.effective_rank(sv))
+    # Closed form by hand: p = (4, 1, 0.01) / 5.01 (the zero contributes nothing),
+    # erank = exp(-sum p_k ln p_k).
+    p = np.array([4.0, 1.0, 0.01]) / 5.01
+    self.assertAlmostEqual(summary['effective_rank'], math.exp(-(
+        p[0] * math.log(p[0]) + p[1] * math.log(p[1]) + p[2] * math.log(p[2]))), places=12)
 
 
 class PlotsTest(absltest.TestCase):

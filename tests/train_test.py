@@ -1,4 +1,5 @@
-"""End-to-end tests of bin/train and bin/evaluate on the embedded digits task (subprocesses)."""
+"""End-to-end tests of bin/train and bin/evaluate on the embedded digits task (subprocesses); one
+FedBN test uses a small fake Office-Caltech10 tree (test sets of different sizes per client)."""
 
 import json
 import os
@@ -11,6 +12,7 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
+from tasks import registry
 from tests import testutil
 
 _TINY = ['--task=digits', '--num_clients=4', '--local_epochs=1', '--batch_size=64',
@@ -19,6 +21,40 @@ _TINY = ['--task=digits', '--num_clients=4', '--local_epochs=1', '--batch_size=6
 
 def _python():
   return testutil.PYTHON if os.path.exists(testutil.PYTHON) else sys.executable
+
+
+def _own_accuracies(run_dir, test_sets):
+  """Each client's exported SavedModel evaluated here, in NumPy: (accuracies, test examples).
+  test_sets[i] = (preprocessed images, labels) client i is tested on."""
+  accuracies, sizes = [], []
+  for cid, (images, labels) in enumerate(test_sets):
+    model = tf.saved_model.load(os.path.join(run_dir, 'export', 'clients', str(cid),
+                                             'saved_model'))
+    logits = model.signatures['serving_default'](images=tf.constant(images))['logits'].numpy()
+    accuracies.append(float(np.mean(np.argmax(logits, axis=1) == labels)))
+    sizes.append(len(labels))
+  return np.array(accuracies), np.array(sizes)
+
+
+def _fake_office_caltech10(root):
+  """A small Office-Caltech10 tree (noise around a colour per class and domain; 4, 7, 10 and 13
+  images per class in the four domains), prepared with the task's TFDS builder. Returns the
+  data_dir."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from tasks import office_caltech10  # pylint: disable=g-import-not-at-top
+  rng = np.random.RandomState(0)
+  manual = os.path.join(root, 'manual')
+  for d, domain in enumerate(office_caltech10.DOMAINS):
+    for c, name in enumerate(office_caltech10.CLASSES):
+      folder = os.path.join(manual, domain, name)
+      os.makedirs(folder)
+      for k in range(4 + 3 * d):
+        pixels = np.array([25 * c, 60 * d, 100]) + rng.normal(scale=60, size=(64, 64, 3))
+        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(
+            os.path.join(folder, f'{k}.png'))
+  data_dir = os.path.join(root, 'tfds')
+  office_caltech10.prepare(data_dir, manual)
+  return data_dir
 
 
 def _final_outputs(run_dir):
@@ -117,15 +153,21 @@ class TrainTest(absltest.TestCase):
       summary = json.load(f)
     per_client = summary['per_client_test_accuracy']
     self.assertLen(per_client, 4)
-    # The headline is the clients' own models (same test split for all: plain mean), not the
-    # server model, whose BN variables never leave their initial values.
-    self.assertAlmostEqual(summary['final_test_accuracy'], float(np.mean(per_client)), places=9)
+    # The headline is the clients' own models, not the server model, whose BN variables never
+    # leave their initial values: recomputed here from each client's exported model on the digits
+    # test split (the same 360 images for every client, so the weighted mean is the plain mean;
+    # test_fedbn_headline_weights_clients_by_test_examples has test sets of different sizes).
+    task = registry.get('digits')
+    images, labels, _ = task.load_split('test', None)
+    accuracies, _ = _own_accuracies(out, [(task.preprocess(images).numpy(), labels)] * 4)
+    np.testing.assert_allclose(per_client, accuracies, atol=1e-9)
+    self.assertAlmostEqual(summary['final_test_accuracy'], float(np.mean(accuracies)), places=9)
     with open(os.path.join(out, 'metrics.csv')) as f:
       header = f.readline().strip().split(',')
       last = dict(zip(header, f.read().strip().splitlines()[-1].split(',')))
-    self.assertAlmostEqual(float(last['test_accuracy']),
-                           np.mean([float(last[f'client_{i}_test_accuracy']) for i in range(4)]),
-                           places=6)
+    self.assertAlmostEqual(float(last['test_accuracy']), float(np.mean(accuracies)), places=6)
+    for i in range(4):
+      self.assertAlmostEqual(float(last[f'client_{i}_test_accuracy']), accuracies[i], places=6)
     # bin/evaluate recomputes every client from its exported SavedModel (another code path: the
     # serving signature, not the training-time evaluator) and finds the same accuracies.
     proc = testutil.run_module('bin.evaluate', f'--saved_model={out}')
@@ -146,6 +188,35 @@ class TrainTest(absltest.TestCase):
                                f'--output_dir={self.tmp}/fedbn_client2')
     self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
     self.assertIn(f'top-1 accuracy {per_client[2]:.4f}', proc.stdout)
+
+  def test_fedbn_headline_weights_clients_by_test_examples(self):
+    # A domain task: client i is tested on domain i's test split, and here those differ in size,
+    # so the documented headline (mean over clients weighted by test examples,
+    # docs/algorithms.md "What is evaluated") differs from the plain mean.
+    data_dir = _fake_office_caltech10(os.path.join(self.tmp, 'office'))
+    out = os.path.join(self.tmp, 'fedbn_office')
+    proc = testutil.run_module(
+        'bin.train', '--task=office_caltech10', f'--data_dir={data_dir}', '--model=small_cnn',
+        '--num_clients=4', '--local_epochs=1', '--batch_size=16', '--client_lr=0.01',
+        '--regularizer=none', '--seed=3', '--rounds=2', '--algorithm=fedbn', '--runtime=tf',
+        f'--cache_dir={self.cache}', f'--output_dir={out}')
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    with open(os.path.join(out, 'summary.json')) as f:
+      summary = json.load(f)
+    task = registry.get('office_caltech10')
+    images, labels, domains = task.load_split('test', data_dir)
+    test_sets = [(task.preprocess(images[domains == i]).numpy(), labels[domains == i])
+                 for i in range(4)]
+    accuracies, sizes = _own_accuracies(out, test_sets)
+    self.assertLen(set(sizes.tolist()), 4)  # Four different test-set sizes.
+    want = float(np.sum(sizes * accuracies) / np.sum(sizes))
+    self.assertGreater(abs(want - np.mean(accuracies)), 1e-3)  # The weighting matters here.
+    np.testing.assert_allclose(summary['per_client_test_accuracy'], accuracies, atol=1e-9)
+    self.assertAlmostEqual(summary['final_test_accuracy'], want, places=9)
+    with open(os.path.join(out, 'metrics.csv')) as f:
+      header = f.readline().strip().split(',')
+      last = dict(zip(header, f.read().strip().splitlines()[-1].split(',')))
+    self.assertAlmostEqual(float(last['test_accuracy']), want, places=6)
 
   def test_collapse_tracking_local_models_and_analyze(self):
     out = os.path.join(self.tmp, 'collapse')

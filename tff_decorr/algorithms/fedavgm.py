@@ -7,13 +7,19 @@ delta = avg_i(y_i) - x (example-weighted average of the whole state, as FedAvg),
 - form='tff' (TFF's server optimizer `sgdm`; alias 'sgdm'): m <- b*m + delta; x <- x + server_lr*m.
 They differ: with server_lr=1 the 'tff' form takes steps about 1/(1-b) times larger.
 The momentum covers the trainable weights (BN gamma and beta included). Non-trainable state (BN
-moving mean and variance) is averaged as FedAvg does (x <- avg_i y_i), unlike the reference, which
-puts its whole state_dict through the momentum: the statistics are running estimates of the data,
-not parameters with a gradient, and momentum extrapolates them. Server momentum is an underdamped
-iteration (eigenvalues of modulus sqrt(b)), so when the clients' averaged variance drops and stays
-small, the variance overshoots below zero and the global model's logits become NaN
-(tests/algorithms_test.py). TFF's server optimizers likewise act on trainable weights only.
-Their momentum entries are kept (always zero) so the state's structure is unchanged.
+moving mean and variance) follows, in both forms, an exponential moving average toward the
+clients' example-weighted average with the same coefficient b:
+  s <- b*s + (1-b)*avg_i(s_i).
+Why not momentum, as the reference (whole state_dict through the momentum): statistics are running
+estimates of the data, not parameters with a gradient, and server momentum is an underdamped
+iteration (eigenvalues of modulus sqrt(b)): when the clients' averaged variance drops and stays
+small, the variance overshoots below zero and the global model's logits become NaN. Why not the
+plain average (FedAvg's rule): the weights then lag behind the clients through the momentum while
+the statistics jumped to the clients' latest values, so the global model paired weights of one
+time-scale with statistics of another. The EMA gives the statistics the same coefficient b of lag
+and is a convex combination of the initial statistics and the clients' averages: it never
+overshoots, a variance never goes negative (tests/algorithms_test.py); b = 0 is FedAvg's average.
+Their momentum entries stay zero so the state's structure (and old checkpoints) is unchanged.
 """
 
 from __future__ import annotations
@@ -77,8 +83,8 @@ class FedAvgM(fedavg.FedAvg):
     b = tf.constant(self.server_momentum, tf.float32)
     new_x, new_m = [], []
     for xi, ai, mi, trainable in zip(x, avg, server_state['momentum'], self.spec.trainable):
-      if not trainable:  # BN statistics: averaged, never extrapolated (see the module docstring).
-        new_x.append(ai)
+      if not trainable:  # BN statistics: an EMA toward the average, never extrapolated (docstring).
+        new_x.append(b * xi + (1.0 - b) * ai)
         new_m.append(tf.zeros_like(xi))
         continue
       delta = ai - xi
