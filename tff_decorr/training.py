@@ -8,6 +8,7 @@ checkpoints, evaluation (each client's own model for personalised algorithms), e
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -57,6 +58,10 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
   Exit codes and messages of these are mapped by `tff_decorr.cli.run_guarded`.
   """
   program.set_gpu_memory_growth()
+  if config.runtime == 'auto':  # A Config built directly (config.resolve resolves it already).
+    runtime, why = config_lib.choose_runtime(config.runtime, config.workers, config.aggregator)
+    config = dataclasses.replace(config, runtime=runtime)
+    log(f'Runtime: {runtime} ({why})')
   local_rounds = _local_model_rounds(config, save_local_models, save_local_rounds)
   # Lock and compare first; config.json is written only once every check below has passed, so a
   # start that fails (bad partition, too many clients, ...) leaves nothing that refuses the
