@@ -407,10 +407,13 @@ class RunDirTest(absltest.TestCase):
                  os.path.join(self.out, 'export', 'clients', '0', 'saved_model.tmp-99')]
     for d in keep + leftovers:
       os.makedirs(d)
-    with open(os.path.join(self.out, 'summary.json.tmp-77'), 'w') as f:
-      f.write('{')
+    files = [os.path.join(self.out, n) for n in ('summary.json.tmp-77', 'metrics.csv.tmp-78',
+                                                  'metrics.csv_temp1234')]
+    for path in files:
+      with open(path, 'w') as f:
+        f.write('{')
     self.assertTrue(run_dir.prepare(self.out, {'a': 1}, log=lambda s: None))
-    for d in leftovers + [os.path.join(self.out, 'summary.json.tmp-77')]:
+    for d in leftovers + files:
       self.assertFalse(os.path.exists(d), d)
     for d in keep:
       self.assertTrue(os.path.isdir(d), d)

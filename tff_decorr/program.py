@@ -190,13 +190,18 @@ def repair_metrics(output_dir: str, completed_round: int, log=print) -> None:
   for r, values in rebuilt.items():
     out[r] = {'round': str(r), **{t: repr(v) for t, v in values.items()}}
   tmp = f'{path}.tmp-{os.getpid()}'
-  with open(tmp, 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=fieldnames)
-    writer.writeheader()
-    writer.writerows(out[r] for r in sorted(out))
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  try:
+    with open(tmp, 'w', newline='') as f:
+      writer = csv.DictWriter(f, fieldnames=fieldnames)
+      writer.writeheader()
+      writer.writerows(out[r] for r in sorted(out))
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
   if not missing:  # Only the row of a round that is run again was cut: nothing is lost.
     return
   cause = ('does not exist' if not existed else

@@ -52,12 +52,17 @@ def write_json_atomic(path: str, value: Any) -> None:
   """Writes JSON via a temporary file and an atomic rename: never a half-written file."""
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
   tmp = f'{path}.tmp-{os.getpid()}'
-  with open(tmp, 'w') as f:
-    json.dump(value, f, indent=2, sort_keys=True, default=_json_default)
-    f.write('\n')
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  try:
+    with open(tmp, 'w') as f:
+      json.dump(value, f, indent=2, sort_keys=True, default=_json_default)
+      f.write('\n')
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except OSError as e:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise OSError(e.errno, e.strerror, path) from e  # The file meant, not its temporary.
 
 
 def _json_default(value):
@@ -250,7 +255,9 @@ def clean_leftovers(output_dir: str, log=print) -> list:
   candidates = []
   for sub, match in (('checkpoints', lambda n: '_temp' in n),
                      ('export', lambda n: '.tmp-' in n or '.old-' in n),
-                     ('', lambda n: '.json.tmp-' in n)):
+                     # JSON temporaries, and metrics.csv's (ours and TFF's CSV manager's).
+                     ('', lambda n: '.json.tmp-' in n or n.startswith('metrics.csv.tmp-')
+                      or n.startswith('metrics.csv_temp'))):
     d = os.path.join(output_dir, sub)
     if os.path.isdir(d):
       candidates += [os.path.join(d, n) for n in os.listdir(d) if match(n)]
