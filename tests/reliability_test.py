@@ -184,7 +184,8 @@ class ProgramTest(absltest.TestCase):
     self.run_program(StubRuntime(), rounds=4, log=logged.append)
     warnings = [l for l in logged if l.startswith('warning:')]
     self.assertLen(warnings, 1)
-    self.assertIn(f'{path} has cut or unreadable rows for round(s) 3 of the 3 completed', warnings[0])
+    self.assertIn(f'{path} has cut or unreadable rows for round(s) 3 of the 3 completed',
+                  warnings[0])
     self.assertIn('rebuilt round(s) 3 from', warnings[0])
     after = self.metrics_rows()
     self.assertEqual([r['round'] for r in after], ['1', '2', '3', '4'])

@@ -196,8 +196,8 @@ def choose_runtime(requested: str, workers: str = '',
                    aggregator: str = 'mean') -> Tuple[str, str]:
   """(runtime, why) for `--runtime=requested`. 'auto' is the in-process runtime ('tf') when
   TensorFlow sees a GPU, since TFF 0.87's worker_binary is CPU-only, and TFF's runtime ('tff')
-  otherwise, where its worker runs clients concurrently (docs/benchmarks.md §2). Settings only TFF's
-  runtime executes (--workers, a tff.aggregators factory) make 'auto' choose it, GPU or not."""
+  otherwise, where its worker runs clients concurrently (docs/benchmarks.md §2). Settings only
+  TFF's runtime executes (--workers, a tff.aggregators factory) make 'auto' choose it, GPU or not."""
   if requested != 'auto':
     return requested, f'--runtime={requested}'
   if workers:

@@ -79,11 +79,11 @@ def prepare(output_dir: str, config: Mapping[str, Any], overwrite: bool = False,
 
   Takes the directory's lock first (a second process is refused, naming the holder's PID), then
   compares with the run already there. Returns True when the directory holds this run (the caller
-  resumes it from its checkpoint, or, with `overwrite` and an unreadable checkpoint, moves it aside
-  with `move_aside`). A run with a different configuration is refused unless `overwrite`, which moves it
-  aside (`<dir>.replaced-<time>-<pid>[-n]`, never deleted, never nested). Call `write_config` once
-  every other check has passed, so a start that fails leaves nothing that refuses the corrected
-  command. `migrate` translates a config.json written by an older version before comparing.
+  resumes it from its checkpoint, or, with `overwrite` and an unreadable checkpoint, moves it
+  aside with `move_aside`). A run with a different configuration is refused unless `overwrite`,
+  which moves it aside (`<dir>.replaced-<time>-<pid>[-n]`, never deleted, never nested). Call
+  `write_config` once every other check has passed, so a start that fails leaves nothing that
+  refuses the corrected command. `migrate` translates a config.json written by an older version before comparing.
   """
   if not output_dir:
     raise RunDirError('--output_dir is empty: give a directory for the run outputs.')
