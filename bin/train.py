@@ -78,8 +78,11 @@ def define_flags(fv: flags.FlagValues = FLAGS) -> None:
                     'model\'s reference one, as the PyTorch code it ports: kaiming_normal for '
                     'resnet20/32, torch for resnet18, mobilenet_v2_cifar, alexnet_bn; keras for '
                     'small_cnn).', **d)
-  flags.DEFINE_enum('runtime', 'tff', ['tff', 'tf'], 'tff: TFF C++ runtime (CPU, remote '
-                    'workers); tf: the same TF functions in this process (uses a GPU).', **d)
+  flags.DEFINE_enum('runtime', 'auto', ['auto', 'tff', 'tf'], 'auto: tf when TensorFlow sees a '
+                    'GPU, else tff (tff with --workers or an --aggregator factory); tff: TFF C++ '
+                    'runtime (CPU, remote workers); tf: the same TF functions in this process '
+                    '(uses a GPU). The choice is printed first and recorded in config.json; a run '
+                    'resumes under either.', **d)
   flags.DEFINE_string('data_dir', None, 'TFDS data dir (prepared datasets are read offline).', **d)
   flags.DEFINE_string('cache_dir', None, 'Where per-client data shards are cached '
                       '(default ~/.cache/tff_decorr).', **d)
@@ -107,6 +110,14 @@ def resolve_configs(fv: flags.FlagValues = FLAGS) -> list:
   return cli.resolve_configs(fv)
 
 
+def run_header(config, requested_runtime: str) -> str:
+  """The first line of a configuration's run: what runs where, and which runtime and why."""
+  from tff_decorr import config as config_lib  # pylint: disable=g-import-not-at-top
+  why = config_lib.choose_runtime(requested_runtime, config.workers, config.aggregator)[1]
+  return (f'=== {config.task}: {config.algorithm} + {config.regularizer} -> {config.output_dir}  '
+          f'(runtime {config.runtime}, {why})')
+
+
 def main(argv):
   cli.quiet_logging()
   if len(argv) > 1:
@@ -122,8 +133,7 @@ def run(fv: flags.FlagValues) -> int:
   from tff_decorr import training  # pylint: disable=g-import-not-at-top
   results = []
   for config in resolve_configs(fv):
-    print(f'=== {config.task}: {config.algorithm} + {config.regularizer} -> {config.output_dir}',
-          flush=True)
+    print(run_header(config, fv.runtime), flush=True)
     summary = training.train(config, overwrite=fv.overwrite,
                              save_local_models=fv.save_local_models,
                              save_local_rounds=fv.save_local_rounds,

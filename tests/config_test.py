@@ -1,8 +1,11 @@
 """Configuration resolution: component flags, old spellings, old config.json files and default
 run-directory names stay what they were before component settings existed."""
 
+from unittest import mock
+
 from absl.testing import absltest
 from absl.testing import flagsaver
+import tensorflow as tf
 
 from bin import train
 from tff_decorr import config
@@ -93,6 +96,35 @@ class ConfigTest(absltest.TestCase):
                      ['none'])
     with self.assertRaisesRegex(ValueError, '^--init: unknown initialisation'):
       config.make(task='digits', init='glorot')
+
+  def test_runtime_auto_is_tf_with_a_gpu_and_tff_without(self):
+    self.assertEqual(train.FLAGS['runtime'].default, 'auto')
+    self.assertIn('auto: tf when TensorFlow sees a GPU', train.FLAGS['runtime'].help)
+    gpu = tf.config.PhysicalDevice(name='/physical_device:GPU:0', device_type='GPU')
+    devices = lambda device_type=None: [gpu] if device_type in ('GPU', None) else []
+    with mock.patch.object(tf.config, 'list_physical_devices', side_effect=devices):
+      (on_gpu,) = resolve(regularizer='none')
+      header = train.run_header(on_gpu, 'auto')
+      # Only TFF's runtime runs remote workers and tff.aggregators factories: auto picks it.
+      (workers,) = resolve(regularizer='none', workers='localhost:9')
+      (dp,) = resolve(regularizer='none', aggregator='dp')
+      (explicit,) = resolve(regularizer='none', runtime='tff')
+    with mock.patch.object(tf.config, 'list_physical_devices', return_value=[]):
+      (on_cpu,) = resolve(regularizer='none')
+      cpu_header = train.run_header(on_cpu, 'auto')
+    self.assertEqual((on_gpu.runtime, on_cpu.runtime), ('tf', 'tff'))
+    self.assertEqual((workers.runtime, dp.runtime, explicit.runtime), ('tff', 'tff', 'tff'))
+    # config.json records the runtime that ran, not 'auto'.
+    self.assertEqual(on_gpu.to_dict()['runtime'], 'tf')
+    self.assertIn('(runtime tf, auto: TensorFlow sees 1 GPU(s), /physical_device:GPU:0)', header)
+    self.assertIn('(runtime tff, auto: TensorFlow sees no GPU)', cpu_header)
+    self.assertIn('(runtime tf, --runtime=tf)', train.run_header(on_gpu, 'tf'))
+    # Same run on either machine: one directory name, and each resumes the other's run.
+    self.assertEqual(on_gpu.output_dir, on_cpu.output_dir)
+    self.assertTrue(on_gpu.output_dir.endswith('/runs/digits-fedavg-none-c912a466'))
+    self.assertEqual(run_dir.differences(on_cpu.to_dict(), on_gpu.to_dict()), [])
+    with self.assertRaisesRegex(ValueError, '^--workers: .*not --runtime=tf'):
+      resolve(regularizer='none', runtime='tf', workers='localhost:9')
 
   def test_aggregator_settings_are_component_flags(self):
     (c,) = resolve(task='digits', regularizer='none', aggregator='dp', dp_noise_multiplier=0.3,

@@ -32,6 +32,17 @@ def _summary(run_dir):
     return json.load(f)
 
 
+def _tree(path):
+  """{relative path: bytes} of every file under `path` but the lock (each start writes its PID)."""
+  out = {}
+  for root, _, files in os.walk(path):
+    for name in files:
+      if name != '.lock':
+        with open(os.path.join(root, name), 'rb') as f:
+          out[os.path.relpath(os.path.join(root, name), path)] = f.read()
+  return out
+
+
 @contextlib.contextmanager
 def _tmpfs(test, size):
   """A small tmpfs (a real full or read-only disk); skips when this machine cannot mount."""
@@ -94,6 +105,62 @@ class ReliabilityCliTest(absltest.TestCase):
     np.testing.assert_allclose(_final_logits(out), _final_logits(self.ref), rtol=1e-6, atol=1e-6)
     self.assertEqual(_summary(out)['final_test_accuracy'],
                      _summary(self.ref)['final_test_accuracy'])
+
+  def test_overwrite_moves_aside_a_run_whose_every_checkpoint_is_unreadable(self):
+    out = os.path.join(self.tmp, 'all_corrupt')
+    shutil.copytree(self.ref, out)
+    ckpt = os.path.join(out, 'checkpoints')
+    rounds = sorted(n for n in os.listdir(ckpt) if n.startswith('round_'))
+    self.assertEqual(rounds, ['round_2', 'round_3'])
+    for r in rounds:
+      for root, _, files in os.walk(os.path.join(ckpt, r)):
+        for name in files:
+          with open(os.path.join(root, name), 'wb') as f:
+            f.write(b'garbage')
+    before = _tree(out)
+    args = self.scaffold + [f'--output_dir={out}']
+    self.assert_one_line(self.train(args, check=False), 2, 'no kept checkpoint can be read',
+                         'with --overwrite')
+    self.assertEqual(_tree(out), before)  # Nothing changed.
+    proc = self.train(args + ['--overwrite'])
+    self.assertIn('--overwrite: the checkpoint of', proc.stdout)
+    (aside,) = [n for n in os.listdir(self.tmp) if n.startswith('all_corrupt.replaced-')]
+    self.assertEqual(_tree(os.path.join(self.tmp, aside)), before)  # Moved whole, never deleted.
+    self.assertNotIn('resuming', proc.stdout)  # Never said before the move, nor after.
+    self.assertEqual(_summary(out)['final_round'], 3)
+    self.assertEqual(_summary(out)['final_test_accuracy'],
+                     _summary(self.ref)['final_test_accuracy'])
+    # --overwrite on a readable run of the same configuration resumes it, saying so.
+    again = self.train(args + ['--overwrite'])
+    self.assertIn('holds a run with the same configuration; resuming it', again.stdout)
+    self.assertLen([n for n in os.listdir(self.tmp) if n.startswith('all_corrupt.replaced-')], 1)
+
+  def test_deleted_checkpoints_restart_with_one_warning_and_keep_the_old_results(self):
+    out = os.path.join(self.tmp, 'no_checkpoints')
+    shutil.copytree(self.ref, out)
+    shutil.rmtree(os.path.join(out, 'checkpoints'))
+    old_summary = _summary(out)
+    old_logits = _final_logits(out)
+    proc = self.train(self.scaffold + [f'--output_dir={out}'])
+    warnings = [l for l in proc.stdout.splitlines() + proc.stderr.splitlines()
+                if 'warning' in l.lower() and 'checkpoint' in l]
+    self.assertLen(warnings, 1, proc.stdout)
+    self.assertIn('no checkpoint in', warnings[0])
+    self.assertIn('metrics.csv up to round 3, summary.json of round 3, export/', warnings[0])
+    self.assertIn('starting from round 1', warnings[0])
+    self.assertNotIn('Resuming', proc.stdout)  # Said once, and not contradicted.
+    self.assertIn('Starting a new run', proc.stdout)
+    aside = re.search(r'moved to (\S+)\.$', warnings[0]).group(1)
+    self.assertEqual(os.path.dirname(aside), out)
+    self.assertEqual(_summary(aside), old_summary)  # The old results are kept as they were.
+    np.testing.assert_array_equal(_final_logits(aside), old_logits)
+    with open(os.path.join(aside, 'metrics.csv')) as f:
+      self.assertLen(f.read().strip().splitlines(), 4)  # header + rounds 1-3
+    # The new run is a whole run of the same configuration.
+    self.assertEqual(_summary(out)['final_test_accuracy'], old_summary['final_test_accuracy'])
+    with open(os.path.join(out, 'metrics.csv')) as f:
+      self.assertEqual([l.split(',')[0] for l in f.read().strip().splitlines()[1:]],
+                       ['1', '2', '3'])
 
   def test_corrupt_client_state_is_one_line(self):
     out = os.path.join(self.tmp, 'bad_state')

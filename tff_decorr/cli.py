@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 
 from absl import flags
 from absl import logging
@@ -100,7 +101,7 @@ def run_guarded(prog: str, fn, interrupted_message=None) -> int:
   except KeyboardInterrupt:
     print(f'{prog}: {interrupted_message or "interrupted"}.', file=sys.stderr, flush=True)
     return EXIT_INTERRUPTED
-  except (program.NonFiniteError, tff_context.WorkerLostError) as e:
+  except (program.NonFiniteError, program.DiskFullError, tff_context.WorkerLostError) as e:
     return fail(e, EXIT_RUN_FAILED)
   except (ValueError, tff_context.WorkerUnavailableError) as e:
     return fail(e, EXIT_USAGE)
@@ -130,8 +131,10 @@ def _os_error_from_tf(e: Exception):
   message = str(getattr(e, 'message', e))
   for words, code in _TF_OS_MESSAGES.items():
     if words in message:
-      path = message.split(';')[0].strip() if ';' in message else None
-      return OSError(code, words, path)
+      # '{{function_node __wrapped__SaveV2...}} /run/x/variables_temp/part-0; No space left on
+      # device [Op:SaveV2]': the path is the first absolute path, TF's decorations are dropped.
+      path = re.search(r'(?:^|\s)(/[^\s;]+)', message.split(';')[0])
+      return OSError(code, words, path.group(1) if path else None)
   return None
 
 

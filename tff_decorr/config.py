@@ -23,6 +23,7 @@ import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 RUNTIMES = ('tff', 'tf')
+RUNTIME_CHOICES = ('auto',) + RUNTIMES  # 'auto': resolved by choose_runtime, never stored
 
 # Old flag -> the component settings it stood for (it sets whichever of them the run uses).
 LEGACY_ALIASES: Dict[str, Tuple[str, ...]] = {
@@ -65,7 +66,8 @@ class Config:
   # Initialisation of the model's weights: '' resolves to the model's own (the PyTorch code it
   # ports: models.default_init), or 'torch' | 'kaiming_normal' | 'keras' (models/common.py).
   init: str = ''
-  runtime: str = 'tff'
+  # 'auto' (resolved by `resolve`: config.json records the runtime that ran), 'tff' or 'tf'.
+  runtime: str = 'auto'
   eval_every: int = 1
   export_every: int = 0
   data_dir: str = ''
@@ -146,9 +148,10 @@ def validate(c: Config) -> None:
     if getattr(c, kind) not in names:
       bad(kind, f'unknown {kind} {getattr(c, kind)!r}; choose one of {", ".join(names)}.')
     c.component_hparams(kind)  # Validates the component's settings (errors name their flags).
-  if c.runtime not in RUNTIMES:
-    bad('runtime', f'unknown runtime {c.runtime!r}; choose tff (TFF C++ runtime, CPU, remote '
-        'workers) or tf (in-process, uses a GPU).')
+  if c.runtime not in RUNTIME_CHOICES:
+    bad('runtime', f'unknown runtime {c.runtime!r}; choose auto (tf with a GPU, else tff), tff '
+        '(TFF C++ runtime, CPU, remote workers) or tf (in-process, uses a GPU).')
+  runtime = choose_runtime(c.runtime, c.workers, c.aggregator)[0]
   for flag in ('num_clients', 'clients_per_round', 'rounds', 'local_epochs', 'batch_size',
                'eval_every'):
     if int(getattr(c, flag)) < 1:
@@ -171,8 +174,8 @@ def validate(c: Config) -> None:
     bad('seed', f'must be an integer in [0, 2^32) (NumPy seeds), got {c.seed}.')
   if c.projection_dim < 0:
     bad('projection_dim', f'must be >= 0 (0: no projection head), got {c.projection_dim}.')
-  if c.workers and c.runtime != 'tff':
-    bad('workers', f'TFF workers run only under --runtime=tff, not --runtime={c.runtime}; drop '
+  if c.workers and runtime != 'tff':
+    bad('workers', f'TFF workers run only under --runtime=tff, not --runtime={runtime}; drop '
         '--workers or use --runtime=tff.')
   if c.num_atoms and not c.decomposed:
     bad('num_atoms', 'sets the atoms of filter-decomposed convolutions; pass --decomposed too, '
@@ -181,12 +184,32 @@ def validate(c: Config) -> None:
     bad('decomposed', f'--algorithm={c.algorithm} averages atoms and coefficients of '
         'filter-decomposed convolutions; pass --decomposed.')
   if c.aggregator != 'mean':
-    if c.runtime != 'tff':
+    if runtime != 'tff':
       bad('aggregator', f'{c.aggregator} is a tff.aggregators factory, which runs only under '
-          f'--runtime=tff (--runtime={c.runtime} sums in TensorFlow); use --runtime=tff or '
+          f'--runtime=tff (--runtime={runtime} sums in TensorFlow); use --runtime=tff or '
           '--aggregator=mean.')
     registry('aggregator').check_algorithm(registry('algorithm').algorithm_class(c.algorithm),
                                            c.aggregator, c.component_hparams('aggregator'))
+
+
+def choose_runtime(requested: str, workers: str = '',
+                   aggregator: str = 'mean') -> Tuple[str, str]:
+  """(runtime, why) for `--runtime=requested`. 'auto' is the in-process runtime ('tf') when
+  TensorFlow sees a GPU, since TFF 0.87's worker_binary is CPU-only, and TFF's runtime ('tff')
+  otherwise, where its worker runs clients concurrently (docs/benchmarks.md §2). Settings only
+  TFF's runtime executes (--workers, a tff.aggregators factory) make 'auto' choose it, GPU or not."""
+  if requested != 'auto':
+    return requested, f'--runtime={requested}'
+  if workers:
+    return 'tff', 'auto: --workers run under TFF\'s runtime'
+  if aggregator != 'mean':
+    return 'tff', f'auto: --aggregator={aggregator} runs only under TFF\'s runtime'
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (config stays cheap to import)
+  gpus = tf.config.list_physical_devices('GPU')
+  if gpus:
+    return 'tf', (f'auto: TensorFlow sees {len(gpus)} GPU(s), '
+                  f'{", ".join(g.name for g in gpus)}')
+  return 'tff', 'auto: TensorFlow sees no GPU'
 
 
 def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[str, Any]],
@@ -207,6 +230,9 @@ def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[s
   values = {f: defaults.get(f, getattr(Config, f)) for f in GENERIC_FIELDS}
   values.update({k: v for k, v in generic.items() if v is not None and k in GENERIC_FIELDS})
   values['model'] = values['model'] or task.default_model
+  # The runtime that runs is what config.json records ('runtime' may differ on resume, so a run
+  # started on a CPU machine resumes on a GPU one; directory names never include it).
+  values['runtime'] = choose_runtime(values['runtime'], values['workers'], values['aggregator'])[0]
   if not values['init'] and values['model'] in _models().names():
     values['init'] = _models().default_init(values['model'])
   if generic.get('clients_per_round') is None:

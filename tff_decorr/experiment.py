@@ -102,7 +102,7 @@ class Experiment:
     the TFF runtime traces Keras models inside a graph, and Keras 2.14 then refuses models created
     earlier outside it ("Layer or Model is in an invalid state")."""
     c = self.config
-    if c.runtime == 'tf':
+    if config_lib.choose_runtime(c.runtime, c.workers, c.aggregator)[0] == 'tf':
       from tff_decorr.runtimes import tf_runtime  # pylint: disable=g-import-not-at-top
       return tf_runtime.TfRuntime(self.algorithm, self.client_dataset_fn)
     from tff_decorr import tff_context  # pylint: disable=g-import-not-at-top

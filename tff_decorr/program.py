@@ -14,7 +14,12 @@ renames it, so a kill at any moment leaves either the previous or the new versio
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import csv
 import dataclasses
+import errno
+import glob
+import io
 import math
 import os
 import time
@@ -34,6 +39,10 @@ class CheckpointError(ValueError):
 
 class NonFiniteError(RuntimeError):
   """Training produced a non-finite loss or global weights; the previous checkpoint is kept."""
+
+
+class DiskFullError(RuntimeError):
+  """A write found no space left; the last completed round's checkpoint is intact."""
 
 
 class Interrupted(Exception):  # Not a KeyboardInterrupt subclass: callers print one line for it.
@@ -68,17 +77,144 @@ class LoopConfig:
 
 
 class Metrics:
-  """Per-round metrics to CSV and TensorBoard (TFF's release managers) and a progress line."""
+  """Per-round metrics to CSV (TFF's release manager) and TensorBoard, and a progress line.
+
+  TensorBoard's events are flushed every round, before the round's checkpoint: they are the copy
+  `repair_metrics` rebuilds a cut or deleted metrics.csv from (a writer left to flush on its own
+  would lose the newest rounds to a kill).
+  """
 
   def __init__(self, output_dir: str):
     self._csv = tff.program.CSVFileReleaseManager(
         os.path.join(output_dir, 'metrics.csv'), key_fieldname='round')
-    self._tb = tff.program.TensorBoardReleaseManager(os.path.join(output_dir, 'tensorboard'))
+    self._tb = tf.summary.create_file_writer(os.path.join(output_dir, 'tensorboard'))
 
   def release(self, values: dict, round_num: int) -> None:
     clean = {k: float(v) for k, v in values.items() if v is not None}
     asyncio.run(self._csv.release(clean, key=round_num))
-    asyncio.run(self._tb.release(clean, key=round_num))
+    with self._tb.as_default():
+      for name, value in clean.items():
+        tf.summary.scalar(name, value, step=round_num)
+    self._tb.flush()
+
+
+def _round_list(rounds: Sequence[int]) -> str:
+  """'1-3, 5': rounds as ranges, for messages."""
+  parts, rounds = [], sorted(rounds)
+  i = 0
+  while i < len(rounds):
+    j = i
+    while j + 1 < len(rounds) and rounds[j + 1] == rounds[j] + 1:
+      j += 1
+    parts.append(str(rounds[i]) if i == j else f'{rounds[i]}-{rounds[j]}')
+    i = j + 1
+  return ', '.join(parts)
+
+
+def _read_metrics_csv(path: str):
+  """(fieldnames, {round: row of strings}, damaged) of metrics.csv as written. A row is damaged
+  when it has another number of fields than the header, a value that is not a number, or is the
+  last line of a file that does not end with a newline (cut mid-line: its last number may be
+  cut short too)."""
+  if not os.path.exists(path):
+    return [], {}, False
+  with open(path, newline='') as f:
+    text = f.read()
+  records = list(csv.reader(io.StringIO(text)))
+  if not records:
+    return [], {}, bool(text)
+  header, records = records[0], records[1:]
+  cut_last = not text.endswith('\n')
+  if not records and cut_last:  # The header itself is cut.
+    return [], {}, True
+  rows, damaged = {}, False
+  for i, record in enumerate(records):
+    try:
+      if len(record) != len(header) or (cut_last and i == len(records) - 1):
+        raise ValueError('cut row')
+      for v in record[1:]:
+        if v:
+          float(v)
+      rows[int(record[0])] = dict(zip(header, record))
+    except ValueError:
+      damaged = True
+  return header, rows, damaged
+
+
+def _tensorboard_rows(tb_dir: str, rounds: Sequence[int]) -> dict:
+  """{round: {tag: value}} from the event files under `tb_dir`: the newest value of each round's
+  scalar (a round run again after a crash was written twice). A truncated event file gives what
+  it holds before the cut."""
+  wanted, newest = set(rounds), {}
+  for path in sorted(glob.glob(os.path.join(tb_dir, 'events.out.tfevents.*'))):
+    try:
+      for record in tf.data.TFRecordDataset(path):
+        event = tf.compat.v1.Event.FromString(record.numpy())
+        if event.step not in wanted:
+          continue
+        for v in event.summary.value:
+          value = (float(tf.make_ndarray(v.tensor)) if v.HasField('tensor')
+                   else float(v.simple_value))
+          key = (int(event.step), v.tag)
+          if key not in newest or event.wall_time >= newest[key][0]:
+            newest[key] = (event.wall_time, value)
+    except (tf.errors.DataLossError, tf.errors.OpError, ValueError):
+      continue  # What was read before the damage is kept.
+  out: dict = {}
+  for (step, tag), (_, value) in newest.items():
+    out.setdefault(step, {})[tag] = value
+  return out
+
+
+def repair_metrics(output_dir: str, completed_round: int, log=print) -> None:
+  """Before resuming after `completed_round`: metrics.csv must hold a whole row for each of rounds
+  1..completed_round. Rows that are missing (the file deleted) or damaged (cut mid-line) are rebuilt
+  from tensorboard/, which holds the same per-round scalars (as float32); rounds neither holds are
+  named as lost, in one warning line. Rows after `completed_round` belong to a round that is run
+  again: they are dropped, as TFF's CSV manager would drop them.
+  """
+  if completed_round < 1:
+    return
+  path = os.path.join(output_dir, 'metrics.csv')
+  existed = os.path.exists(path)
+  header, rows, damaged = _read_metrics_csv(path)
+  missing = [r for r in range(1, completed_round + 1) if r not in rows]
+  if not missing and not damaged:
+    return
+  rebuilt = _tensorboard_rows(os.path.join(output_dir, 'tensorboard'), missing)
+  lost = [r for r in missing if r not in rebuilt]
+  fieldnames = ['round'] + [f for f in header if f != 'round']
+  for r in sorted(rebuilt):
+    fieldnames += [t for t in rebuilt[r] if t not in fieldnames]
+  out = {r: row for r, row in rows.items() if r <= completed_round}
+  for r, values in rebuilt.items():
+    out[r] = {'round': str(r), **{t: repr(v) for t, v in values.items()}}
+  tmp = f'{path}.tmp-{os.getpid()}'
+  try:
+    with open(tmp, 'w', newline='') as f:
+      writer = csv.DictWriter(f, fieldnames=fieldnames)
+      writer.writeheader()
+      writer.writerows(out[r] for r in sorted(out))
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+  if not missing:  # Only the row of a round that is run again was cut: nothing is lost.
+    return
+  cause = ('does not exist' if not existed else
+           'has cut or unreadable rows' if damaged else 'lacks rows')
+  said = [f'warning: {path} {cause} for round(s) {_round_list(missing)} of the '
+          f'{completed_round} completed']
+  if rebuilt:
+    said.append(f'rebuilt round(s) {_round_list(sorted(rebuilt))} from '
+                f'{os.path.join(output_dir, "tensorboard")} (float32 precision)')
+  if lost:
+    said.append(f'the metrics of round(s) {_round_list(lost)} are lost (tensorboard/ does not '
+                'hold them either); the run itself resumes from its checkpoint')
+  log('; '.join(said) + '.')
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -128,6 +264,14 @@ def _checkpoint_structure(initial_server_state) -> dict:
           'best_round': 0, 'last_accuracy': np.float64(-1.0)}
 
 
+def _read_checkpoint(output_dir: str, version: int) -> None:
+  """Reads checkpoint `version` in full, without the program's state structure: it is a SavedModel
+  whose call returns the saved values (tff.program.FileProgramStateManager's format); any damaged
+  file fails here."""
+  module = tf.saved_model.load(os.path.join(output_dir, 'checkpoints', f'round_{version}'))
+  tf.nest.map_structure(lambda v: v.numpy() if hasattr(v, 'numpy') else v, module())
+
+
 def _recovery_advice(output_dir: str) -> str:
   """What to do when the newest checkpoint (or what it refers to) is damaged."""
   ckpt_dir = os.path.join(output_dir, 'checkpoints')
@@ -135,12 +279,73 @@ def _recovery_advice(output_dir: str) -> str:
     versions = sorted(asyncio.run(checkpoint_manager(output_dir).get_versions()) or [])
   except Exception:  # pylint: disable=broad-except  (advice only; never hide the real error)
     versions = []
+  previous_readable = False
   if len(versions) >= 2:
+    try:
+      _read_checkpoint(output_dir, versions[-2])
+      previous_readable = True
+    except Exception:  # pylint: disable=broad-except  (then no kept checkpoint can be resumed)
+      pass
+  if previous_readable:
     return (f'remove {ckpt_dir}/round_{versions[-1]} (the newest checkpoint) and re-run the same '
             f'command to resume from round {versions[-2]}, or use another --output_dir '
             '(nothing was changed)')
-  return ('use another --output_dir, or pass --overwrite to move this run aside (nothing was '
-          'changed)')
+  return ('no kept checkpoint can be read: use another --output_dir, or re-run with --overwrite to '
+          'move this run aside and start a new one (nothing was changed)')
+
+
+def newest_checkpoint_round(output_dir: str) -> int:
+  """The round of the run's newest checkpoint, read in full (0: there is none), so that a start
+  decides between resuming and a new run before it writes anything. CheckpointError when it
+  cannot be read, with advice that says how to go on."""
+  if not os.path.isdir(os.path.join(output_dir, 'checkpoints')):
+    return 0
+  versions = asyncio.run(checkpoint_manager(output_dir).get_versions()) or []
+  if not versions:
+    return 0
+  newest = os.path.join(output_dir, 'checkpoints', f'round_{max(versions)}')
+  try:
+    _read_checkpoint(output_dir, max(versions))
+  except Exception as e:  # Any failure to read is reported the same way: never train over it.
+    # TensorFlow's own words about a damaged SavedModel name its internals, not the fix.
+    raise CheckpointError(f'the newest checkpoint, {newest}, cannot be read (damaged or '
+                          f'incomplete files: {type(e).__name__}); '
+                          f'{_recovery_advice(output_dir)}.') from e
+  return int(max(versions))
+
+
+def is_disk_full(e: BaseException) -> bool:
+  """ENOSPC as Python raises it, or as TensorFlow's file I/O does (an OpError, often a
+  ResourceExhaustedError, whose message carries the OS's words; a GPU's out-of-memory
+  ResourceExhaustedError does not), also when wrapped by another exception."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+      return True
+    if isinstance(e, tf.errors.OpError) and 'No space left on device' in str(e):
+      return True
+    e = e.__cause__ or e.__context__
+  return False
+
+
+def disk_full_message(path: str, completed_round: int) -> str:
+  kept = (f'the checkpoint of round {completed_round} (the last completed round) is kept'
+          if completed_round else 'no round was completed yet')
+  return (f'no space left on the device while writing {path}; {kept}. Free some space and re-run '
+          'the same command to ' + ('resume.' if completed_round else 'start.'))
+
+
+@contextlib.contextmanager
+def writing(path: str, completed_round: int):
+  """Turns a full disk while writing `path` into DiskFullError: one line that names the file the
+  run was writing (not TensorFlow's temporary file) and the round that stays resumable."""
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except  (re-raised unless the disk is full)
+    if not is_disk_full(e):
+      raise
+    raise DiskFullError(disk_full_message(path, completed_round)) from e
 
 
 def load_checkpoint(output_dir: str, initial_server_state) -> Optional[dict]:
@@ -209,8 +414,12 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
       log(f'warning: the run already completed {int(state["round"])} rounds, more than '
           f'--rounds={loop.rounds}; nothing to do (its summary.json is left as it is).')
       return None
-  metrics_io = Metrics(output_dir)
-  start_round = int(state['round']) + 1
+  completed = int(state['round'])  # The newest checkpointed round: what a failure leaves.
+  guard = lambda path: writing(os.path.join(output_dir, path), completed)
+  with guard('metrics.csv'):
+    repair_metrics(output_dir, completed, log)
+    metrics_io = Metrics(output_dir)
+  start_round = completed + 1
   server_state = state['server_state']
   try:
     times = []
@@ -222,8 +431,9 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
       if check_clients is not None:
         check_clients(ids)
       client_states = store.load_many(ids)
-      pre_round = (before_round(round_num, server_state, client_inputs, client_states)
-                   if before_round is not None else None)
+      with guard('local_models'):
+        pre_round = (before_round(round_num, server_state, client_inputs, client_states)
+                     if before_round is not None else None)
       t0 = time.perf_counter()  # Round time: the federated round alone.
       server_state, new_states, train_metrics = runtime.run_round(server_state, client_inputs,
                                                                   client_states)
@@ -236,7 +446,8 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
                              if round_num > 1 else '') +
             'Lower --client_lr (or the regulariser/algorithm coefficients) and start a new '
             '--output_dir.')
-      store.save_many(ids, new_states, round_num)
+      with guard('client_states'):
+        store.save_many(ids, new_states, round_num)
       round_time = time.perf_counter() - t0
       values = summarize_train_metrics(train_metrics)
       values['round_time_s'] = round_time
@@ -254,21 +465,27 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
         if acc > state['best_accuracy']:
           state['best_accuracy'], state['best_round'] = acc, round_num
       if on_round_end is not None:
-        extra = on_round_end(round_num, server_state)
+        with guard('collapse'):
+          extra = on_round_end(round_num, server_state)
         if extra:
           values.update(extra)
-      metrics_io.release(values, round_num)
+      with guard('metrics.csv'):  # and tensorboard/
+        metrics_io.release(values, round_num)
       if loop.export_every and round_num % loop.export_every == 0:
-        export_fn(weights, os.path.join(output_dir, 'export', f'round_{round_num}'), None)
+        with guard(os.path.join('export', f'round_{round_num}')):
+          export_fn(weights, os.path.join(output_dir, 'export', f'round_{round_num}'), None)
       state = {'round': round_num, 'server_state': server_state,
                'best_accuracy': np.float64(state['best_accuracy']),
                'best_round': int(state['best_round']),
                'last_accuracy': np.float64(state['last_accuracy'])}
-      store.save_manifest(manifest(round_num), prune=False)
-      asyncio.run(ckpt.save(state, round_num))  # The commit point of the round.
-      # Prune client states no kept checkpoint refers to (this one and the previous one).
-      store.save_manifest(manifest(round_num), prune=True,
-                          keep=store.read_manifest(manifest(round_num - 1)))
+      with guard(os.path.join('checkpoints', f'round_{round_num}')):
+        store.save_manifest(manifest(round_num), prune=False)
+        asyncio.run(ckpt.save(state, round_num))  # The commit point of the round.
+      completed = round_num
+      with guard('checkpoints'):
+        # Prune client states no kept checkpoint refers to (this one and the previous one).
+        store.save_manifest(manifest(round_num), prune=True,
+                            keep=store.read_manifest(manifest(round_num - 1)))
       stale = manifest(round_num - 2)
       if os.path.exists(stale):
         os.remove(stale)
@@ -286,8 +503,9 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
       log(line)
   except KeyboardInterrupt:
     raise Interrupted(_completed_round(output_dir)) from None
-  return _finish(algorithm, store, loop, output_dir, evaluate_fn, export_fn, server_state, state,
-                 last_test)
+  with guard('export'):
+    return _finish(algorithm, store, loop, output_dir, evaluate_fn, export_fn, server_state, state,
+                   last_test)
 
 
 def _completed_round(output_dir: str) -> int:

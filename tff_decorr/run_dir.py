@@ -10,10 +10,13 @@ Layout of a run directory:
   tensorboard/         the same metrics for TensorBoard
   export/saved_model   the global model with a serving signature (logits + representation)
   summary.json         final and best test accuracy, configuration, versions
+  previous-<time>/     results of rounds that have no checkpoint any more (checkpoints/ deleted),
+                       moved here when the run starts again from round 1 (set_aside_results)
 """
 
 from __future__ import annotations
 
+import csv
 import errno
 import fcntl
 import json
@@ -49,12 +52,17 @@ def write_json_atomic(path: str, value: Any) -> None:
   """Writes JSON via a temporary file and an atomic rename: never a half-written file."""
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
   tmp = f'{path}.tmp-{os.getpid()}'
-  with open(tmp, 'w') as f:
-    json.dump(value, f, indent=2, sort_keys=True, default=_json_default)
-    f.write('\n')
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  try:
+    with open(tmp, 'w') as f:
+      json.dump(value, f, indent=2, sort_keys=True, default=_json_default)
+      f.write('\n')
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except OSError as e:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise OSError(e.errno, e.strerror, path) from e  # The file meant, not its temporary.
 
 
 def _json_default(value):
@@ -71,10 +79,11 @@ def prepare(output_dir: str, config: Mapping[str, Any], overwrite: bool = False,
 
   Takes the directory's lock first (a second process is refused, naming the holder's PID), then
   compares with the run already there. Returns True when the directory holds this run (the caller
-  resumes it). A run with a different configuration is refused unless `overwrite`, which moves it
-  aside (`<dir>.replaced-<time>-<pid>[-n]`, never deleted, never nested). Call `write_config` once
-  every other check has passed, so a start that fails leaves nothing that refuses the corrected
-  command. `migrate` translates a config.json written by an older version before comparing.
+  resumes it from its checkpoint, or, with `overwrite` and an unreadable checkpoint, moves it
+  aside with `move_aside`). A run with a different configuration is refused unless `overwrite`,
+  which moves it aside (`<dir>.replaced-<time>-<pid>[-n]`, never deleted, never nested). Call
+  `write_config` once every other check has passed, so a start that fails leaves nothing that
+  refuses the corrected command. `migrate` translates a config.json written by an older version before comparing.
   """
   if not output_dir:
     raise RunDirError('--output_dir is empty: give a directory for the run outputs.')
@@ -98,13 +107,12 @@ def prepare(output_dir: str, config: Mapping[str, Any], overwrite: bool = False,
       if not overwrite:
         raise RunDirError(f'--output_dir={output_dir} has an unreadable config.json ({e}); '
                           'use another --output_dir, or pass --overwrite to move it aside.') from e
-      aside = _move_aside(output_dir)  # What the message above promises.
+      aside = move_aside(output_dir)  # What the message above promises.
       log(f'--overwrite: {output_dir} had an unreadable config.json ({e}); moved it to {aside}')
       return False
   if old is not None and not differences(old, config):
-    if overwrite:
-      log(f'--overwrite: {output_dir} holds a run with the same configuration; resuming it '
-          '(--overwrite moves aside only a run with a different configuration).')
+    # With --overwrite the caller says what happens once it knows whether the checkpoint can be
+    # read (resumed, or the run moved aside): saying 'resuming' here could be contradicted.
     return True
   if not overwrite:
     if old is None:
@@ -115,7 +123,7 @@ def prepare(output_dir: str, config: Mapping[str, Any], overwrite: bool = False,
     raise RunDirError(f'--output_dir={output_dir} holds a run with a different configuration '
                       f'({diff}); use another --output_dir, or pass --overwrite to move the old '
                       'run aside.')
-  aside = _move_aside(output_dir)
+  aside = move_aside(output_dir)
   log(f'--overwrite: moved the previous run to {aside}')
   return False
 
@@ -125,7 +133,7 @@ def write_config(output_dir: str, config: Mapping[str, Any]) -> None:
   write_json_atomic(config_path(output_dir), dict(config))
 
 
-def _move_aside(output_dir: str) -> str:
+def move_aside(output_dir: str) -> str:
   """Renames the run directory to a fresh sibling name and re-creates it empty, locked.
 
   The new directory is created and locked under a temporary name first, so between the two renames
@@ -145,6 +153,56 @@ def _move_aside(output_dir: str) -> str:
   os.rename(fresh, base)
   unlock(output_dir)  # The old lock file now lives in `aside`.
   _LOCKS[os.path.abspath(output_dir)] = _LOCKS.pop(os.path.abspath(fresh))
+  return aside
+
+
+# What a run writes besides config.json: set aside together when it restarts without a checkpoint.
+RESULTS = ('metrics.csv', 'tensorboard', 'summary.json', 'export', 'client_states', 'collapse',
+           'local_models', 'checkpoints')
+
+
+def _results_rounds(output_dir: str) -> list:
+  """What shows that rounds were completed in `output_dir`: ['metrics.csv up to round 3',
+  'summary.json of round 3', 'export/'] (empty when nothing does)."""
+  found = []
+  try:
+    with open(os.path.join(output_dir, 'metrics.csv'), newline='') as f:
+      rounds = [int(r[0]) for r in list(csv.reader(f))[1:] if r and r[0].isdigit()]
+    if rounds:
+      found.append(f'metrics.csv up to round {max(rounds)}')
+  except OSError:
+    pass
+  try:
+    with open(os.path.join(output_dir, 'summary.json')) as f:
+      found.append(f'summary.json of round {int(json.load(f)["final_round"])}')
+  except (OSError, ValueError, KeyError, TypeError):
+    if os.path.exists(os.path.join(output_dir, 'summary.json')):
+      found.append('summary.json')
+  if os.path.exists(os.path.join(output_dir, 'export')):
+    found.append('export/')
+  return found
+
+
+def set_aside_results(output_dir: str, log=print) -> str | None:
+  """For a run whose checkpoints are gone (deleted) but whose results are there: it starts again
+  from round 1, so its results are moved, never deleted or overwritten, to
+  `<output_dir>/previous-<time>[-n]`, with one warning line. Returns that directory (None when
+  nothing shows a completed round: e.g. a run stopped in its first round)."""
+  found = _results_rounds(output_dir)
+  if not found:
+    return None
+  stamp = os.path.join(output_dir, f'previous-{time.strftime("%Y%m%d-%H%M%S")}')
+  aside, n = stamp, 0
+  while os.path.exists(aside):
+    n += 1
+    aside = f'{stamp}-{n}'
+  os.makedirs(aside)
+  for name in RESULTS:
+    if os.path.exists(os.path.join(output_dir, name)):
+      os.rename(os.path.join(output_dir, name), os.path.join(aside, name))
+  log(f'warning: no checkpoint in {os.path.join(output_dir, "checkpoints")}, although the run '
+      f'holds results ({", ".join(found)}); starting from round 1, with those results moved to '
+      f'{aside}.')
   return aside
 
 
@@ -197,7 +255,9 @@ def clean_leftovers(output_dir: str, log=print) -> list:
   candidates = []
   for sub, match in (('checkpoints', lambda n: '_temp' in n),
                      ('export', lambda n: '.tmp-' in n or '.old-' in n),
-                     ('', lambda n: '.json.tmp-' in n)):
+                     # JSON temporaries, and metrics.csv's (ours and TFF's CSV manager's).
+                     ('', lambda n: '.json.tmp-' in n or n.startswith('metrics.csv.tmp-')
+                      or n.startswith('metrics.csv_temp'))):
     d = os.path.join(output_dir, sub)
     if os.path.isdir(d):
       candidates += [os.path.join(d, n) for n in os.listdir(d) if match(n)]

@@ -8,6 +8,7 @@ checkpoints, evaluation (each client's own model for personalised algorithms), e
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -45,6 +46,29 @@ def _local_model_rounds(config, save_local_models, save_local_rounds) -> list:
   return rounds
 
 
+def _has_checkpoint(output_dir: str, overwrite: bool, log) -> bool:
+  """Whether a run with this configuration resumes from a checkpoint, decided before anything is
+  written. An unreadable newest checkpoint is refused with advice (program.CheckpointError), and
+  with --overwrite, which that advice offers, the run is moved aside and a new one starts. A run
+  without checkpoints starts from round 1 with its earlier results set aside (one warning)."""
+  try:
+    if program.newest_checkpoint_round(output_dir) > 0:
+      if overwrite:
+        log(f'--overwrite: {output_dir} holds a run with the same configuration; resuming it '
+            '(--overwrite moves aside only a run with a different configuration or an unreadable '
+            'checkpoint).')
+      return True
+  except program.CheckpointError:
+    if not overwrite:
+      raise
+    aside = run_dir.move_aside(output_dir)  # Never deleted: the old run is kept whole.
+    log(f'--overwrite: the checkpoint of {output_dir} cannot be read; moved the run to {aside} '
+        'and starting a new one.')
+    return False
+  run_dir.set_aside_results(output_dir, log=log)
+  return False
+
+
 def train(config: config_lib.Config, *, overwrite: bool = False,
           save_local_models: Sequence[str] = (), save_local_rounds: Sequence = (),
           log=print) -> Optional[dict]:
@@ -53,10 +77,15 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
   `config` comes from `tff_decorr.config.resolve` (what bin/train does with its flags) or is
   built directly. Re-running with the same configuration resumes after the last completed round.
   Returns None when the directory already holds more rounds than `config.rounds`. Raises
-  ValueError (bad settings, unusable directory), program.NonFiniteError, program.Interrupted.
+  ValueError (bad settings, unusable directory, program.CheckpointError), program.NonFiniteError,
+  program.DiskFullError, program.Interrupted.
   Exit codes and messages of these are mapped by `tff_decorr.cli.run_guarded`.
   """
   program.set_gpu_memory_growth()
+  if config.runtime == 'auto':  # A Config built directly (config.resolve resolves it already).
+    runtime, why = config_lib.choose_runtime(config.runtime, config.workers, config.aggregator)
+    config = dataclasses.replace(config, runtime=runtime)
+    log(f'Runtime: {runtime} ({why})')
   local_rounds = _local_model_rounds(config, save_local_models, save_local_rounds)
   # Lock and compare first; config.json is written only once every check below has passed, so a
   # start that fails (bad partition, too many clients, ...) leaves nothing that refuses the
@@ -69,6 +98,8 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
     # Built before config.json is written: an aggregator that cannot take this algorithm's update
     # fails here. (The TFF worker starts on the first call, not here.)
     runtime = exp.runtime(config.output_dir)
+    if resumed:  # Same configuration: resume only from a checkpoint that can be read.
+      resumed = _has_checkpoint(config.output_dir, overwrite, log)
   except BaseException:
     run_dir.unlock(config.output_dir, remove_if_unused=True)
     raise
@@ -123,5 +154,7 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
   summary.update(exp.privacy(summary['final_round']))
   summary.update({'config': config.to_dict(), 'versions': _versions(),
                   'wall_time_s': time.time() - t0})
-  run_dir.write_json_atomic(os.path.join(config.output_dir, 'summary.json'), summary)
+  summary_path = os.path.join(config.output_dir, 'summary.json')
+  with program.writing(summary_path, summary['final_round']):
+    run_dir.write_json_atomic(summary_path, summary)
   return summary
