@@ -18,6 +18,7 @@ from absl import flags
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top,unused-import  (before TF)
+from tff_decorr import deprecated_flags  # pylint: disable=g-import-not-at-top
 
 # Imported before app.run for the same reason as in bin/train (Keras/absl start-up order).
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
@@ -26,12 +27,12 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string('task', 'digits', 'Task name.')
 flags.DEFINE_string('partition', 'dirichlet', 'dirichlet|pathological|iid|domain.')
 # The names bin/train uses; --alpha and --classes_per_client are their deprecated spellings, as
-# in bin/train (config.LEGACY_ALIASES), for this release.
+# in bin/train, until tff_decorr.deprecated_flags.REMOVED_IN.
+_DEPRECATED = ('alpha', 'classes_per_client')
 flags.DEFINE_float('dirichlet_alpha', 0.5, 'Dirichlet concentration (inf: IID).')
 flags.DEFINE_integer('pathological_classes_per_client', 2,
                      'Pathological partition: classes per client.')
-flags.DEFINE_float('alpha', None, 'Deprecated: --dirichlet_alpha.')
-flags.DEFINE_integer('classes_per_client', None, 'Deprecated: --pathological_classes_per_client.')
+deprecated_flags.define(FLAGS, flags, _DEPRECATED)
 flags.DEFINE_integer('num_clients', 10, 'Number of clients.')
 flags.DEFINE_integer('seed', 0, 'Partition seed (same meaning as bin/train --seed).')
 flags.DEFINE_string('data_dir', None, 'TFDS data dir.')
@@ -67,10 +68,8 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   from tff_decorr import plots  # pylint: disable=g-import-not-at-top
   alpha, classes_per_client = FLAGS.dirichlet_alpha, FLAGS.pathological_classes_per_client
-  for old, new in (('alpha', 'dirichlet_alpha'),
-                   ('classes_per_client', 'pathological_classes_per_client')):
-    if FLAGS[old].value is not None:
-      print(f'warning: --{old} is deprecated and will be removed; use --{new}.', file=sys.stderr)
+  for old in deprecated_flags.given(FLAGS, _DEPRECATED):
+    print(deprecated_flags.warning(old, deprecated_flags.replacements(old)), file=sys.stderr)
   alpha = FLAGS.alpha if FLAGS.alpha is not None else alpha
   if FLAGS.classes_per_client is not None:
     classes_per_client = FLAGS.classes_per_client

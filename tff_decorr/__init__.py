@@ -7,6 +7,8 @@ Submodules are imported on first use, so importing the package itself does not i
 
 import importlib
 
+__version__ = '0.2.0'
+
 
 def __getattr__(name):
   if name == 'train':

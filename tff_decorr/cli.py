@@ -9,6 +9,8 @@ import re
 from absl import flags
 from absl import logging
 
+from tff_decorr import deprecated_flags
+
 
 def user_path(path: str) -> str:
   """Relative paths are relative to where the user ran the command (also under `bazel run`,
@@ -154,11 +156,7 @@ def define_component_flags(fv) -> None:
       flags.DEFINE_float(spec.name, None, text, flag_values=fv)
     else:
       flags.DEFINE_string(spec.name, None, text, flag_values=fv)
-  for old, targets in config.LEGACY_ALIASES.items():
-    new = ' / '.join('--' + t.replace('.', '_') for t in targets)
-    # The old flags' own types (integers for the two counts), so old values keep their type.
-    define = flags.DEFINE_integer if old in config.LEGACY_INTEGERS else flags.DEFINE_float
-    define(old, None, f'Deprecated, use {new}.', flag_values=fv)
+  deprecated_flags.define(fv, flags)
 
 
 def resolve_configs(fv) -> list:
@@ -175,7 +173,7 @@ def resolve_configs(fv) -> list:
   components = {}
   for _, name, spec in config.component_flag_specs():
     components.setdefault(name, {})[spec.field] = fv[spec.name].value
-  legacy = {old: fv[old].value for old in config.LEGACY_ALIASES if fv[old].value is not None}
+  legacy = deprecated_flags.given(fv)
   regs = fv.regularizer or task.defaults.get('regularizer', 'feddecorr')
   # Each regulariser once (`none,none` is one run, not the same run twice).
   reg_list = list(dict.fromkeys(r.strip() for r in str(regs).split(',') if r.strip()))

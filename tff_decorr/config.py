@@ -9,9 +9,9 @@ settings, declared once as a frozen dataclass in their module (tff_decorr.hparam
 `resolve` turns explicitly given values into Configs: explicit > the task's paper defaults (keyed
 `'<component>.<field>'`) > the component's own defaults. The flag spellings used before the
 component flags existed (`--mu`, `--beta`, `--alpha`, ...) are accepted as aliases for one
-release (`LEGACY_ALIASES`), and `from_dict` migrates config.json files written with them, so old
-commands and run directories keep working; default run-directory names are hashed over that older
-flat form, so re-running an old command finds its old run.
+release (tff_decorr/deprecated_flags.py says which), and `from_dict` migrates config.json files
+written with them, so old commands and run directories keep working; default run-directory names
+are hashed over that older flat form, so re-running an old command finds its old run.
 """
 
 from __future__ import annotations
@@ -22,24 +22,15 @@ import json
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from tff_decorr import deprecated_flags
+
 RUNTIMES = ('tff', 'tf')
 RUNTIME_CHOICES = ('auto',) + RUNTIMES  # 'auto': resolved by choose_runtime, never stored
 
-# Old flag -> the component settings it stood for (it sets whichever of them the run uses).
-LEGACY_ALIASES: Dict[str, Tuple[str, ...]] = {
-    'mu': ('fedprox.mu', 'moon.mu'),
-    'temperature': ('moon.temperature',),
-    'server_lr': ('fedavgm.server_lr', 'scaffold.server_lr'),
-    'server_momentum': ('fedavgm.server_momentum',),
-    'coefficient_period': ('fedavg_decomposed.coefficient_period',),
-    'beta': ('feddecorr.beta', 'decov.beta'),
-    'alpha': ('dirichlet.alpha',),
-    'classes_per_client': ('pathological.classes_per_client',),
-}
-LEGACY_INTEGERS = frozenset({'coefficient_period', 'classes_per_client'})
-# Old config.json keys that the component flags kept (same spelling, now a component setting).
-_LEGACY_SAME = {'fedavgm_form': 'fedavgm.form', 'feduv_lambda': 'feduv.lam',
-                'feduv_mu': 'feduv.mu'}
+# The old flat keys: deprecated flags (until deprecated_flags.REMOVED_IN) and the form of old
+# config.json files and of directory-name hashes (kept for runs already written).
+LEGACY_ALIASES = deprecated_flags.ALIASES
+_LEGACY_SAME = deprecated_flags.SAME_KEYS
 
 
 @dataclasses.dataclass
@@ -222,7 +213,7 @@ def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[s
     generic: explicitly given generic settings {field: value}.
     components: explicitly given component settings {component: {field: value}} (from the
       `--<component>_<field>` flags); a setting of a component the run does not use is an error.
-    legacy: explicitly given old-style flags {name: value} (LEGACY_ALIASES and _LEGACY_SAME).
+    legacy: explicitly given old-style flags {name: value} (tff_decorr.deprecated_flags).
     regularizers: the regularisers, one Config each.
   """
   defaults = dict(task.defaults)
@@ -272,18 +263,8 @@ def _flag(component: str, field: str) -> str:
 
 
 def _explicit_settings(components, legacy, warn) -> Dict[str, Dict[str, Any]]:
-  """{component: {field: value}} from the component flags and the old spellings."""
-  explicit: Dict[str, Dict[str, Any]] = {}
-  for old, value in legacy.items():
-    if value is None:
-      continue
-    targets = LEGACY_ALIASES.get(old) or (_LEGACY_SAME[old],)
-    if old in LEGACY_ALIASES:
-      warn(f'warning: --{old} is deprecated and will be removed; use '
-           f'{" / ".join("--" + _flag(*t.split(".")) for t in targets)}.')
-    for target in targets:
-      component, field = target.split('.')
-      explicit.setdefault(component, {})[field] = value
+  """{component: {field: value}} from the component flags and the old spellings (the flags win)."""
+  explicit = deprecated_flags.translate(legacy, _flag, warn)
   for component, fields in components.items():
     for field, value in fields.items():
       if value is not None:
