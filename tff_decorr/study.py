@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import math
 import os
 import shlex
 import signal
@@ -134,7 +133,7 @@ def build_grid(given: Mapping[str, Any], order: Sequence[str]) -> Dict[str, List
     elif isinstance(value, list):
       values = list(dict.fromkeys(_as_text(v).strip() for v in value))
     else:
-      values = split_values(value)
+      values = split_values(_as_text(value))
     if not values or any(v == '' for v in values):
       raise StudyError(f'--{name}: empty value; give one or more comma-separated values, or leave '
                        'the flag out.')
@@ -392,6 +391,7 @@ class Runner:
     self.poll_seconds = poll_seconds
     self.status: Dict[str, dict] = {}
     self.durations: List[float] = []
+    self._started: Dict[str, float] = {}  # run name -> start time, of the running ones
     from tff_decorr import tff_context  # pylint: disable=g-import-not-at-top
     # tff_context's child set-up (SIGKILL when this process dies; its own process group): a killed
     # study leaves no bin/train behind holding a cell's lock when the study is resumed, and Ctrl-C
@@ -414,10 +414,12 @@ class Runner:
             + (f', {n[FAILED]} failed' if n[FAILED] else '')
             + (f', {n[BUSY]} busy elsewhere' if n[BUSY] else ''))
     if self.durations and (n[PENDING] or n[RUNNING]):
-      # Runs of one study cost about the same: mean time of a run x runs left, per job slot.
+      # Runs of one study cost about the same: the mean time of a finished run, for each run left
+      # and for what the running ones have not yet used of it, shared by the job slots.
       mean = sum(self.durations) / len(self.durations)
-      eta = mean * math.ceil((n[PENDING] + n[RUNNING]) / self.jobs)
-      line += f', ETA {_fmt_duration(eta)}'
+      now = time.monotonic()
+      work = n[PENDING] * mean + sum(max(mean - (now - t), 0.0) for t in self._started.values())
+      line += f', ETA {_fmt_duration(work / self.jobs)}'
     elif n[PENDING] or n[RUNNING]:
       line += ', ETA after the first run'
     self.log(f'[{line}] {event}')
@@ -467,6 +469,7 @@ class Runner:
     process = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log_file, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, preexec_fn=self._preexec)
     self.status[cell.name] = {'status': RUNNING, 'pid': process.pid}
+    self._started[cell.name] = time.monotonic()
     self._save()
     self._progress(f'started {cell.name} (PID {process.pid}; log {log_path})')
     return _Job(cell, process, log_file, offset, time.monotonic())
@@ -474,6 +477,7 @@ class Runner:
   def _finish(self, job: _Job) -> None:
     job.log_file.close()
     cell, code = job.cell, job.process.returncode
+    self._started.pop(cell.name, None)
     seconds = time.monotonic() - job.started
     log_path = cell.log_path(self.study_dir)
     path = cell.run_dir(self.study_dir)
