@@ -171,9 +171,6 @@ class Cell:
     return (f'cd {shlex.quote(REPO_ROOT)} && ' +
             ' '.join(shlex.quote(a) for a in self.argv(study_dir, python)))
 
-  def label(self, axes: Sequence[str]) -> str:
-    return ' '.join(f'{a}={self.flags[a]}' for a in axes if a in self.flags)
-
 
 @dataclasses.dataclass
 class Plan:
@@ -211,7 +208,7 @@ def make_plan(grid: Mapping[str, Sequence[str]]) -> Plan:
   resumable_axes = [n for n, v in grid.items() if n in run_dir.RESUMABLE_KEYS and len(v) > 1]
   cells: List[Cell] = []
   errors: List[str] = []
-  by_name: Dict[str, int] = {}
+  names = set()
   dropped: Dict[str, set] = {}
   duplicates = 0
   applied = set()  # Component settings given to at least one cell.
@@ -249,10 +246,10 @@ def make_plan(grid: Mapping[str, Sequence[str]]) -> Plan:
       # --runtime, ...) are not in its hash, so a grid over one of them names it in the directory.
       name = os.path.basename(c.output_dir) + ''.join(
           f'-{k}{cell_flags[k]}' for k in resumable_axes if k in cell_flags)
-      if name in by_name:
+      if name in names:
         duplicates += 1
         continue
-      by_name[name] = len(cells)
+      names.add(name)
       cells.append(Cell(name=name, flags=cell_flags, rounds=int(c.rounds),
                         not_applied=not_applied, config=c))
   for k in grid:
