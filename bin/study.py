@@ -91,7 +91,11 @@ def _main() -> int:
     print(f'study: error: {len(plan.errors)} problem(s) above, each naming the '
           'flag; nothing was run. Fix those values and re-run.', file=sys.stderr, flush=True)
     return cli.EXIT_USAGE
-  cli.ensure_writable_dir(study_dir)
+  try:
+    cli.ensure_writable_dir(study_dir)
+  except OSError as e:  # cli's OS messages advise --output_dir; here it is --study_dir.
+    raise study.StudyError(f'--study_dir={study_dir} cannot be written ({e.strerror}); choose a '
+                           'directory you can write.') from None
   for note in plan.notes:
     logging.info('plan: %s', note)
   dropped = study.dropped_cells(study_dir, plan)
