@@ -170,5 +170,45 @@ class ReportTest(absltest.TestCase):
     self.assertNotIn('Traceback', proc.stderr)
 
 
+class GroupTest(absltest.TestCase):
+  """Rows and differences from runs built here (no study needed)."""
+
+  @staticmethod
+  def _run(seed, final, alpha='0.1', status='done', **flags):
+    from tff_decorr import report  # pylint: disable=g-import-not-at-top
+    return report.Run(name=f'r{len(flags)}{seed}{final}', path='', rounds=2, status=status,
+                      rounds_done=2 if status == 'done' else 1, log='',
+                      flags={'dirichlet_alpha': alpha, **flags, 'seed': str(seed)},
+                      summary={'final_test_accuracy': final, 'best_test_accuracy': final + 0.1}
+                      if status == 'done' else None)
+
+  def test_each_setting_of_a_regulariser_is_compared_with_its_baseline(self):
+    from tff_decorr import report  # pylint: disable=g-import-not-at-top
+    runs = [self._run(0, 0.50, regularizer='none'), self._run(1, 0.60, regularizer='none'),
+            self._run(2, 0.99, regularizer='none', status='incomplete'),
+            self._run(0, 0.70, regularizer='feddecorr', feddecorr_beta='0.05'),
+            self._run(1, 0.80, regularizer='feddecorr', feddecorr_beta='0.05'),
+            self._run(0, 0.40, regularizer='feddecorr', feddecorr_beta='0.1'),
+            self._run(0, 0.20, regularizer='none', alpha='0.5')]
+    rows = report.group(runs, ['dirichlet_alpha', 'regularizer', 'feddecorr_beta', 'seed'])
+    stats = {r.label: r.stats for r in rows}
+    self.assertEqual(list(stats), [
+        'dirichlet_alpha=0.1 regularizer=none',
+        'dirichlet_alpha=0.1 regularizer=feddecorr feddecorr_beta=0.05',
+        'dirichlet_alpha=0.1 regularizer=feddecorr feddecorr_beta=0.1',
+        'dirichlet_alpha=0.5 regularizer=none'])
+    none, beta05, beta1, _ = stats.values()
+    self.assertAlmostEqual(none['final_test_accuracy_mean'], 0.55)  # Not the incomplete 0.99.
+    self.assertAlmostEqual(none['final_test_accuracy_std'], np.std([0.5, 0.6], ddof=1))
+    self.assertEqual(none['not_done'], ['seed=2: incomplete (1/2 rounds)'])
+    self.assertAlmostEqual(beta05['final_test_accuracy_delta_vs_none'], 0.75 - 0.55)
+    self.assertAlmostEqual(beta1['best_test_accuracy_delta_vs_none'], 0.5 - 0.65)
+    self.assertTrue(np.isnan(beta1['final_test_accuracy_std']))  # One run: no std.
+    # Curves: a panel per --dirichlet_alpha; --feddecorr_beta is the regulariser's own setting.
+    self.assertEqual(report._curve_axes(['dirichlet_alpha', 'regularizer', 'feddecorr_beta',
+                                         'seed']),
+                     (['regularizer', 'feddecorr_beta'], ['dirichlet_alpha']))
+
+
 if __name__ == '__main__':
   absltest.main()

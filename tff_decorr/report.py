@@ -95,7 +95,7 @@ class Row:
 
   @property
   def label(self) -> str:
-    return ' '.join(f'{a}={v}' for a, v in self.key) or 'all runs'
+    return ' '.join(f'{a}={v}' for a, v in self.key if v) or 'all runs'
 
   def value(self, axis: str) -> str:
     return dict(self.key).get(axis, '')
@@ -130,11 +130,14 @@ def group(runs: Sequence[Run], axes: Sequence[str]) -> List[Row]:
     s['n_spectra'] = len(ranks)
     s['not_done'] = [r.describe() for r in row.runs if not r.done]
   if 'regularizer' in columns:
-    by_key = {row.key: row for row in rows}
+    baselines = [row for row in rows if row.value('regularizer') == BASELINE]
     for row in rows:
       if row.value('regularizer') == BASELINE:
         continue
-      base = by_key.get(tuple((a, BASELINE if a == 'regularizer' else v) for a, v in row.key))
+      # The same configuration with no regulariser; a setting the baseline does not have (the
+      # row's --feddecorr_beta) does not tell them apart.
+      base = next((b for b in baselines if all(
+          b.value(a) in (v, '') for a, v in row.key if a != 'regularizer')), None)
       for metric in ('final_test_accuracy', 'best_test_accuracy'):
         delta = math.nan
         if base is not None and row.stats['n_done'] and base.stats['n_done']:
@@ -162,11 +165,21 @@ def read_curve(path: str, column: str = 'test_accuracy') -> Tuple[np.ndarray, np
 
 def _curve_axes(axes: Sequence[str]) -> Tuple[List[str], List[str]]:
   """(axes told apart by line, axes told apart by panel): a panel compares algorithms and
-  regularisers at one setting of everything else."""
+  regularisers (with their own settings, e.g. --fedprox_mu) at one setting of everything else
+  (the partition's --dirichlet_alpha, --client_lr, ...)."""
+  from tff_decorr import config  # pylint: disable=g-import-not-at-top
+  own = {spec.name for kind, _, spec in config.component_flag_specs()
+         if kind in ('algorithm', 'regularizer')}
   columns = [a for a in axes if a != SEED]
-  lines = [a for a in columns if a in ('algorithm', 'regularizer')]
+  lines = [a for a in columns if a in ('algorithm', 'regularizer') or a in own]
   panels = [a for a in columns if a not in lines]
   return (lines, panels) if lines else (panels, [])
+
+
+def _line_label(row: Row, line_axes: Sequence[str]) -> str:
+  parts = [row.value(a) if a in ('algorithm', 'regularizer') else f'{a}={row.value(a)}'
+           for a in line_axes if row.value(a)]
+  return ' + '.join(parts) or row.label
 
 
 def curves(rows: Sequence[Row], axes: Sequence[str]) -> Dict[str, List[dict]]:
@@ -176,7 +189,7 @@ def curves(rows: Sequence[Row], axes: Sequence[str]) -> Dict[str, List[dict]]:
   panels: Dict[str, List[dict]] = {}
   for row in rows:
     panel = ' '.join(f'{a}={row.value(a)}' for a in panel_axes if row.value(a))
-    label = ' + '.join(row.value(a) for a in line_axes if row.value(a)) or row.label
+    label = _line_label(row, line_axes)
     out = panels.setdefault(panel, [])
     finished = [read_curve(r.path) for r in row.runs if r.done]
     finished = [c for c in finished if c[0].size]
