@@ -10,7 +10,7 @@ import csv
 import json
 import os
 import re
-import shlex
+import shutil
 import subprocess
 import tempfile
 
@@ -76,6 +76,11 @@ class ReportTest(absltest.TestCase):
   def _finished(self, regularizer):
     return [(n, s) for n, c, s in self.runs
             if c['regularizer'] == regularizer and s is not None and s['final_round'] == 2]
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.tmp, ignore_errors=True)
+    super().tearDownClass()
 
   def test_table_mean_and_std_over_the_runs_own_summaries(self):
     self.assertEqual(set(self.rows), {'none', 'feddecorr'})

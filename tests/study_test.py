@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -168,6 +169,11 @@ class StudyCliTest(absltest.TestCase):
       cls.manifest_after_kill = json.load(f)
     time.sleep(1)  # Distinct mtimes, should anything be rewritten.
     cls.second = testutil.run_module('bin.study', *cls.args)
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.tmp, ignore_errors=True)
+    super().tearDownClass()
 
   def test_killed_study_resumes_and_skips_finished_runs(self):
     self.assertEqual(self.first.returncode, -signal.SIGKILL)
