@@ -33,76 +33,14 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 from tff_decorr import cli  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
-_T = 'task default'
 
 
 def define_flags(fv: flags.FlagValues = FLAGS) -> None:
-  """Defines every flag on `fv`: the generic ones, then one per component setting, generated from
-  the registries (a component registered before this call gets its flags too)."""
-  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from tff_decorr import aggregation  # pylint: disable=g-import-not-at-top
-  from tff_decorr import algorithms  # pylint: disable=g-import-not-at-top
-  from tff_decorr import models  # pylint: disable=g-import-not-at-top
-  from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
-  from tff_decorr import regularizers  # pylint: disable=g-import-not-at-top
-  d = dict(flag_values=fv)
-  flags.DEFINE_enum('task', 'digits', list(task_registry.names()),
-                    'Task (digits: embedded, no download).', **d)
-  flags.DEFINE_string('model', None, f'Model builder name ({_T}).', **d)
-  flags.DEFINE_enum('algorithm', 'fedavg', list(algorithms.names()), 'Federated algorithm.', **d)
-  flags.DEFINE_string('regularizer', None, f'{"|".join(regularizers.names())}, or a '
-                      'comma-separated list to run one simulation per regulariser (default: '
-                      'feddecorr; the embedded task runs none,feddecorr).', **d)
-  flags.DEFINE_enum('partition', None, list(partitions.names()), f'Client partition ({_T}).', **d)
-  flags.DEFINE_enum('aggregator', None, list(aggregation.names()),
-                    "Model aggregation: mean (the algorithm's own weighted sum, default) or a "
-                    'tff.aggregators factory over client deltas: robust, dp, compression, secure '
-                    '(simulated: no cryptography, TFF 0.87 has no secure-aggregation protocol) '
-                    '(--runtime=tff; settings --<aggregator>_<setting>).', **d)
-  flags.DEFINE_integer('num_clients', None, f'Number of clients ({_T}).', **d)
-  flags.DEFINE_integer('clients_per_round', None, 'Clients sampled per round (default: all).', **d)
-  flags.DEFINE_integer('rounds', None, f'Communication rounds ({_T}).', **d)
-  flags.DEFINE_integer('local_epochs', None, f'Local epochs per round ({_T}).', **d)
-  flags.DEFINE_integer('batch_size', None, f'Client batch size ({_T}).', **d)
-  flags.DEFINE_float('client_lr', None, f'Client SGD learning rate ({_T}).', **d)
-  flags.DEFINE_float('momentum', None, f'Client SGD momentum ({_T}).', **d)
-  flags.DEFINE_float('weight_decay', None, f'Client L2 weight decay, PyTorch-style ({_T}).', **d)
-  flags.DEFINE_integer('seed', 0, 'Seed of partition, initial model, sampling and augmentation.',
-                       **d)
-  flags.DEFINE_integer('projection_dim', None, 'Projection head width, for algorithms that use '
-                       'one (MOON; task default: 256 on CIFAR; 0: none).', **d)
-  flags.DEFINE_bool('decomposed', False, 'Use filter-decomposed convolutions (atoms x '
-                    'coefficients).', **d)
-  flags.DEFINE_integer('num_atoms', 0, 'Atoms per decomposed convolution (0: k*k).', **d)
-  flags.DEFINE_enum('init', None, list(models.INITS), 'Weight initialisation (default: the '
-                    'model\'s reference one, as the PyTorch code it ports: kaiming_normal for '
-                    'resnet20/32, torch for resnet18, mobilenet_v2_cifar, alexnet_bn; keras for '
-                    'small_cnn).', **d)
-  flags.DEFINE_enum('runtime', 'auto', ['auto', 'tff', 'tf'], 'auto: tf when TensorFlow sees a '
-                    'GPU, else tff (tff with --workers or an --aggregator factory); tff: TFF C++ '
-                    'runtime (CPU, remote workers); tf: the same TF functions in this process '
-                    '(uses a GPU). The choice is printed first and recorded in config.json; a run '
-                    'resumes under either.', **d)
-  flags.DEFINE_string('data_dir', None, 'TFDS data dir (prepared datasets are read offline).', **d)
-  flags.DEFINE_string('cache_dir', None, 'Where per-client data shards are cached '
-                      '(default ~/.cache/tff_decorr).', **d)
-  flags.DEFINE_string('output_dir', None, 'Run directory (default runs/<task>-<algorithm>-'
-                      '<regularizer>-<config hash>; the same command resumes the same run).', **d)
-  flags.DEFINE_integer('eval_every', None, 'Evaluate every N rounds (and at the end).', **d)
-  flags.DEFINE_integer('export_every', 0, 'Also export a SavedModel every N rounds (0: end '
-                       'only).', **d)
-  flags.DEFINE_string('workers', '', 'Comma-separated host:port of TFF workers (bin/worker).', **d)
-  flags.DEFINE_integer('max_concurrent_computation_calls', -1,
-                       'TFF runtime: concurrent client computations (-1: unlimited).', **d)
-  flags.DEFINE_bool('track_collapse', False, 'Log effective rank and significant singular values '
-                    'of the global model every --eval_every rounds.', **d)
-  flags.DEFINE_list('save_local_models', [], 'Client ids whose local models to export at the '
-                    '--save_local_rounds (for local-vs-global analysis with bin/analyze).', **d)
-  flags.DEFINE_list('save_local_rounds', [], 'Rounds at which to export the local models of '
-                    '--save_local_models (only if the client is sampled that round).', **d)
-  flags.DEFINE_bool('overwrite', False, 'Move an existing run with a different configuration '
-                    'aside (an identical one is resumed).', **d)
-  cli.define_component_flags(fv)
+  """Defines every flag on `fv` (tff_decorr.cli.define_train_flags: bin/study defines the same
+  flags on its own FlagValues to check each configuration of a grid as bin/train would)."""
+  for name in cli.define_train_flags(fv):
+    # Defined in tff_decorr.cli; declared here so that --help lists them, as before.
+    flags.declare_key_flag(name, flag_values=fv)
 
 
 def resolve_configs(fv: flags.FlagValues = FLAGS) -> list:

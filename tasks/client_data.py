@@ -90,15 +90,11 @@ def write_client_shards(images: np.ndarray, labels: np.ndarray, parts: Sequence[
   if len(images) != len(labels):
     raise ValueError(f'{len(images)} images but {len(labels)} labels.')
   digest = content_hash(images, labels, parts)
-  manifest_path = os.path.join(directory, MANIFEST)
-  if os.path.exists(manifest_path):
-    with open(manifest_path) as f:
-      manifest = json.load(f)
-    if manifest.get('content_hash') == digest:
-      bad = _damaged_shards(directory, manifest, range(len(parts)))
-      if not bad:
-        return directory
-      log(f'client data cache {directory}: {len(bad)} shard(s) missing or changed; rewriting it.')
+  bad = _bad_cache(directory, digest, len(parts))
+  if not bad:
+    return directory
+  if bad != ['all']:
+    log(f'client data cache {directory}: {len(bad)} shard(s) missing or changed; rewriting it.')
   tmp = f'{directory.rstrip(os.sep)}.tmp-{os.getpid()}'
   if os.path.exists(tmp):
     shutil.rmtree(tmp)
@@ -118,6 +114,12 @@ def write_client_shards(images: np.ndarray, labels: np.ndarray, parts: Sequence[
     json.dump({'content_hash': digest, 'num_clients': len(parts), 'sizes': sizes,
                'bytes': [os.path.getsize(_shard_path(tmp, c)) for c in range(len(parts))],
                'image_shape': list(images.shape[1:])}, f)
+  # Runs of one partition started together (bin/study --jobs, a Slurm array) write the same
+  # shards: the first to finish wins and the others use its directory, never swap it under a run
+  # that already reads it.
+  if not _bad_cache(directory, digest, len(parts)):
+    shutil.rmtree(tmp, ignore_errors=True)
+    return directory
   if os.path.exists(directory):
     old = f'{directory.rstrip(os.sep)}.old-{os.getpid()}'
     os.replace(directory, old)
@@ -125,8 +127,26 @@ def write_client_shards(images: np.ndarray, labels: np.ndarray, parts: Sequence[
     shutil.rmtree(old, ignore_errors=True)
   else:
     os.makedirs(os.path.dirname(directory.rstrip(os.sep)) or '.', exist_ok=True)
-    os.replace(tmp, directory)
+    try:
+      os.replace(tmp, directory)
+    except OSError:  # Another process renamed its (same) shards into place in between.
+      if _bad_cache(directory, digest, len(parts)):
+        raise
+      shutil.rmtree(tmp, ignore_errors=True)
   return directory
+
+
+def _bad_cache(directory: str, digest: str, num_clients: int) -> list:
+  """[] when `directory` holds these shards unharmed; ['all'] when it holds none (or others);
+  else the ids of missing or changed shards."""
+  try:
+    with open(os.path.join(directory, MANIFEST)) as f:
+      manifest = json.load(f)
+  except (OSError, ValueError):
+    return ['all']
+  if manifest.get('content_hash') != digest:
+    return ['all']
+  return _damaged_shards(directory, manifest, range(num_clients))
 
 
 def make_client_dataset_fn(shard_dir: str, image_shape: Sequence[int], batch_size: int,

@@ -218,8 +218,7 @@ def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[s
   """
   defaults = dict(task.defaults)
   defaults.setdefault('partition', task.default_partition)
-  values = {f: defaults.get(f, getattr(Config, f)) for f in GENERIC_FIELDS}
-  values.update({k: v for k, v in generic.items() if v is not None and k in GENERIC_FIELDS})
+  values = generic_values(task, generic)
   values['model'] = values['model'] or task.default_model
   # The runtime that runs is what config.json records ('runtime' may differ on resume, so a run
   # started on a CPU machine resumes on a GPU one; directory names never include it).
@@ -253,6 +252,16 @@ def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[s
     validate(c)
     configs.append(c)
   return configs
+
+
+def generic_values(task, generic: Mapping[str, Any]) -> Dict[str, Any]:
+  """The generic settings as `resolve` takes them: explicit > the task's default > Config's. (Also
+  how bin/study tells which algorithm, partition and aggregator a grid cell uses.)"""
+  defaults = dict(task.defaults)
+  defaults.setdefault('partition', task.default_partition)
+  values = {f: defaults.get(f, getattr(Config, f)) for f in GENERIC_FIELDS}
+  values.update({k: v for k, v in generic.items() if v is not None and k in GENERIC_FIELDS})
+  return values
 
 
 def _flag(component: str, field: str) -> str:

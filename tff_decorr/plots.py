@@ -12,6 +12,7 @@ from typing import Any, Mapping, Optional
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 import numpy as np
 
 from tff_decorr import analysis
@@ -119,3 +120,44 @@ def plot_count_matrix(counts: Any, path: str, title: Optional[str] = None,
 def plot_confusion_matrix(conf: Any, path: str, title: Optional[str] = None) -> str:
   return plot_count_matrix(conf, path, title=title, xlabel='predicted class',
                            ylabel='true class', row_normalize=True)
+
+
+def plot_curves(panels: Mapping[str, Any], path: str, xlabel: str = 'round',
+                ylabel: str = 'test accuracy', title: Optional[str] = None) -> str:
+  """Curves on one axes per panel (bin/report's accuracy per round).
+
+  `panels` maps a panel title to a list of curves, each a mapping with 'label', 'x', 'y', and
+  optionally 'std' (drawn as a +-std band around y) and 'incomplete' (drawn dotted, thin: a run
+  that has not finished, shown but never part of a mean)."""
+  if not panels:
+    raise ValueError('panels must hold at least one panel of curves.')
+  cols = min(3, len(panels))
+  rows = (len(panels) + cols - 1) // cols
+  fig = Figure(figsize=(5.2 * cols, 3.9 * rows))
+  for i, (panel, curves) in enumerate(panels.items()):
+    ax = fig.add_subplot(rows, cols, i + 1)
+    k = 0
+    for curve in curves:
+      x = np.asarray(curve['x'], dtype=np.float64)
+      y = np.asarray(curve['y'], dtype=np.float64)
+      if curve.get('incomplete'):  # Markers: a run stopped after one round is a single point.
+        ax.plot(x, y, linestyle=':', linewidth=1.0, marker='x', markersize=4, color='0.4',
+                label=curve['label'])
+        continue
+      color = f'C{k % 10}'
+      k += 1
+      ax.plot(x, y, color=color, label=curve['label'])
+      if curve.get('std') is not None:
+        std = np.asarray(curve['std'], dtype=np.float64)
+        ax.fill_between(x, y - std, y + std, color=color, alpha=0.2, linewidth=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # Rounds are whole numbers.
+    ax.grid(True, alpha=0.3)
+    if panel:
+      ax.set_title(panel, fontsize=10)
+    ax.legend(loc='lower right', fontsize=7)
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  return _save(fig, path)

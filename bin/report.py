@@ -1,0 +1,75 @@
+r"""The report of a study (bin/study): table, accuracy curves, collapse spectra, one HTML page.
+
+  .venv/bin/python -m bin.report --study_dir=studies/alpha       # -> studies/alpha/report/
+  .venv/bin/python -m bin.report --study_dir=studies/alpha --nospectra --output_dir=/tmp/r
+
+Reads <study_dir>/study.json for the runs of the study and each run's summary.json and
+metrics.csv for how far it got. Writes table.md and table.csv (per configuration, over seeds: mean
+± std of the final and best test accuracy of the finished runs, seeds done, each regulariser minus
+--regularizer=none), curves.png (test accuracy per round, mean with a ±std band), spectra.png (the
+representation spectrum of each configuration's exported models over the task's test split, when
+exports exist) and report.html (all of it on one self-contained page). Unfinished runs are listed,
+never averaged in. Bad input exits 2 with one line naming the flag. Logic: tff_decorr/report.py.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from absl import app
+from absl import flags
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top,unused-import  (before TF)
+# As in bin/train: TensorFlow imported before app.run (the spectra load SavedModels).
+import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
+
+from tff_decorr import cli  # pylint: disable=g-import-not-at-top
+from tff_decorr import report  # pylint: disable=g-import-not-at-top
+from tff_decorr import study  # pylint: disable=g-import-not-at-top
+
+_STUDY_DIR = flags.DEFINE_string('study_dir', None, 'Directory of a bin/study study (holds '
+                                 'study.json).')
+_OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where the report goes (default '
+                                  '<study_dir>/report).')
+_SPECTRA = flags.DEFINE_bool('spectra', True, 'Compute collapse spectra from the runs\' exported '
+                             'models (loads each model and the task\'s test split).')
+_DATA_DIR = flags.DEFINE_string('data_dir', None, 'TFDS data dir for the spectra\' test split '
+                                '(default: each run\'s own --data_dir).')
+_MAX_EXAMPLES = flags.DEFINE_integer('max_examples', 0, 'Spectra over the first N test examples '
+                                     'only (0: all).')
+_BATCH_SIZE = flags.DEFINE_integer('batch_size', 256, 'Test batch size of the spectra (memory '
+                                   'only).')
+
+
+def main(argv: Sequence[str]) -> int:
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments {argv[1:]}; flags are --name=value.')
+  return cli.run_guarded('report', _main)
+
+
+def _main() -> int:
+  if not _STUDY_DIR.value:
+    raise study.StudyError('--study_dir is required: the directory bin/study wrote (study.json).')
+  if _MAX_EXAMPLES.value < 0:
+    raise study.StudyError(f'--max_examples must be >= 0 (0: all), got {_MAX_EXAMPLES.value}.')
+  if _BATCH_SIZE.value < 1:
+    raise study.StudyError(f'--batch_size must be >= 1, got {_BATCH_SIZE.value}.')
+  study_dir = cli.user_path(_STUDY_DIR.value)
+  study.read_manifest(study_dir)  # A bad --study_dir fails before anything is created.
+  output_dir = cli.user_path(_OUTPUT_DIR.value or os.path.join(study_dir, 'report'))
+  cli.ensure_writable_dir(output_dir)
+  written = report.build(study_dir, output_dir, spectra=_SPECTRA.value,
+                         data_dir=cli.user_path(_DATA_DIR.value or '') or None,
+                         max_examples=_MAX_EXAMPLES.value or None,
+                         batch_size=_BATCH_SIZE.value, log=lambda s: print(s, flush=True))
+  with open(written['markdown']) as f:
+    print(f.read().split('\n- ')[0].rstrip())  # The table.
+  for kind, path in written.items():
+    print(f'wrote {kind}: {path}')
+  return 0
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=cli.parse_flags_or_exit('report'))

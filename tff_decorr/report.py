@@ -1,0 +1,421 @@
+"""A study's report (bin/report): a paper-style table, accuracy curves, collapse spectra, one page.
+
+The study's manifest (tff_decorr/study.py, study.json) says which runs belong to it and how they
+differ; each run's own files say how far it got. A row of the table is one configuration of the
+grid with every seed folded in: mean and sample standard deviation (ddof=1, as papers report over
+seeds) of the final and best test accuracy of its *finished* runs only. A run that has not finished
+(not started, stopped part-way, failed) is listed in its row and drawn dotted in the curves, never
+averaged in.
+
+Spectra use the collapse measures of tff_decorr/analysis.py on each finished run's exported
+SavedModel over its task's test split, as bin/analyze computes them.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import dataclasses
+import html
+import io
+import math
+import os
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tff_decorr import plots
+from tff_decorr import study
+
+SEED = 'seed'
+BASELINE = 'none'  # The regulariser every other one is compared with.
+
+
+@dataclasses.dataclass
+class Run:
+  """One cell of the study and what its run directory holds."""
+  name: str
+  path: str
+  flags: Dict[str, str]
+  rounds: int
+  status: str                  # 'done', 'incomplete', 'not started', 'failed'
+  rounds_done: int
+  log: str
+  error: str = ''
+  summary: Optional[dict] = None
+  config: Optional[dict] = None
+  spectrum: Optional[np.ndarray] = None
+  spectrum_summary: Optional[dict] = None
+
+  @property
+  def done(self) -> bool:
+    return self.status == 'done'
+
+  def describe(self) -> str:
+    """'seed=2: incomplete (1/2 rounds)'; failures with their error and log."""
+    what = self.status if self.status != 'incomplete' else (
+        f'incomplete ({self.rounds_done}/{self.rounds} rounds)')
+    if self.status == 'failed':
+      what = f'failed after {self.rounds_done}/{self.rounds} rounds: {self.error} (log {self.log})'
+    return f'{SEED}={self.flags.get(SEED, "?")}: {what}'
+
+
+def load_runs(study_dir: str, manifest: Mapping[str, Any]) -> List[Run]:
+  """Every cell of the manifest with its state read from its run directory."""
+  runs = []
+  for cell in manifest['cells']:
+    path = os.path.join(study_dir, cell['run_dir'])
+    rounds = int(cell['rounds'])
+    summary = study.read_json(os.path.join(path, 'summary.json'))
+    done = bool(summary) and int(summary.get('final_round', 0)) >= rounds
+    rounds_done = int(summary['final_round']) if done else study.completed_rounds(path)
+    if done:
+      status = 'done'
+    elif cell.get('status') == study.FAILED:
+      status = 'failed'
+    elif os.path.isdir(path):
+      status = 'incomplete'
+    else:
+      status = 'not started'
+    runs.append(Run(name=cell['name'], path=path, flags=dict(cell['flags']), rounds=rounds,
+                    status=status, rounds_done=rounds_done,
+                    log=os.path.join(study_dir, cell['log']), error=cell.get('error') or '',
+                    summary=summary if done else None,
+                    config=study.read_json(os.path.join(path, 'config.json'))))
+  return runs
+
+
+@dataclasses.dataclass
+class Row:
+  """One configuration over its seeds."""
+  key: Tuple[Tuple[str, str], ...]   # (axis, value) of the grid's axes other than the seed
+  runs: List[Run]
+  stats: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  @property
+  def label(self) -> str:
+    return ' '.join(f'{a}={v}' for a, v in self.key if v) or 'all runs'
+
+  def value(self, axis: str) -> str:
+    return dict(self.key).get(axis, '')
+
+
+def _mean_std(values: Sequence[float]) -> Tuple[float, float]:
+  """Mean and sample standard deviation (nan for fewer than two values)."""
+  if not values:
+    return math.nan, math.nan
+  a = np.asarray(values, dtype=np.float64)
+  return float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else math.nan
+
+
+def group(runs: Sequence[Run], axes: Sequence[str]) -> List[Row]:
+  """Runs folded over seeds, in the manifest's order; statistics of the finished runs only."""
+  keyed: Dict[tuple, Row] = {}
+  columns = [a for a in axes if a != SEED]
+  for run in runs:
+    # A setting a run does not have (--fedprox_mu of a FedAvg run) is '' in its key.
+    key = tuple((a, run.flags.get(a, '')) for a in columns)
+    keyed.setdefault(key, Row(key=key, runs=[])).runs.append(run)
+  rows = list(keyed.values())
+  for row in rows:
+    done = [r for r in row.runs if r.done]
+    s = row.stats
+    s['n_done'], s['n_runs'] = len(done), len(row.runs)
+    s['seeds_done'] = [r.flags.get(SEED, '') for r in done]
+    for metric in ('final_test_accuracy', 'best_test_accuracy'):
+      s[f'{metric}_mean'], s[f'{metric}_std'] = _mean_std([r.summary[metric] for r in done])
+    ranks = [r.spectrum_summary['effective_rank'] for r in done if r.spectrum_summary]
+    s['effective_rank_mean'], s['effective_rank_std'] = _mean_std(ranks)
+    s['n_spectra'] = len(ranks)
+    s['not_done'] = [r.describe() for r in row.runs if not r.done]
+  if 'regularizer' in columns:
+    baselines = [row for row in rows if row.value('regularizer') == BASELINE]
+    for row in rows:
+      if row.value('regularizer') == BASELINE:
+        continue
+      # The same configuration with no regulariser; a setting the baseline does not have (the
+      # row's --feddecorr_beta) does not tell them apart.
+      base = next((b for b in baselines if all(
+          b.value(a) in (v, '') for a, v in row.key if a != 'regularizer')), None)
+      for metric in ('final_test_accuracy', 'best_test_accuracy'):
+        delta = math.nan
+        if base is not None and row.stats['n_done'] and base.stats['n_done']:
+          delta = row.stats[f'{metric}_mean'] - base.stats[f'{metric}_mean']
+        row.stats[f'{metric}_delta_vs_none'] = delta
+  return rows
+
+
+# ---- curves ----
+
+def read_curve(path: str, column: str = 'test_accuracy') -> Tuple[np.ndarray, np.ndarray]:
+  """(rounds, values) of a run's metrics.csv, rounds where the column was recorded."""
+  xs, ys = [], []
+  try:
+    with open(os.path.join(path, 'metrics.csv'), newline='') as f:
+      for row in csv.DictReader(f):
+        if row.get(column) not in (None, ''):
+          xs.append(int(float(row['round'])))
+          ys.append(float(row[column]))
+  except OSError:
+    pass
+  order = np.argsort(xs, kind='stable')
+  return np.asarray(xs)[order], np.asarray(ys, dtype=np.float64)[order]
+
+
+def _curve_axes(axes: Sequence[str]) -> Tuple[List[str], List[str]]:
+  """(axes told apart by line, axes told apart by panel): a panel compares algorithms and
+  regularisers (with their own settings, e.g. --fedprox_mu) at one setting of everything else
+  (the partition's --dirichlet_alpha, --client_lr, ...)."""
+  from tff_decorr import config  # pylint: disable=g-import-not-at-top
+  own = {spec.name for kind, _, spec in config.component_flag_specs()
+         if kind in ('algorithm', 'regularizer')}
+  columns = [a for a in axes if a != SEED]
+  lines = [a for a in columns if a in ('algorithm', 'regularizer') or a in own]
+  panels = [a for a in columns if a not in lines]
+  return (lines, panels) if lines else (panels, [])
+
+
+def _line_label(row: Row, line_axes: Sequence[str]) -> str:
+  parts = [row.value(a) if a in ('algorithm', 'regularizer') else f'{a}={row.value(a)}'
+           for a in line_axes if row.value(a)]
+  return ' + '.join(parts) or row.label
+
+
+def curves(rows: Sequence[Row], axes: Sequence[str]) -> Dict[str, List[dict]]:
+  """plots.plot_curves panels: per row, the mean test accuracy over its finished runs with a
+  +-std band, on the rounds every one of them recorded; unfinished runs dotted, on their own."""
+  line_axes, panel_axes = _curve_axes(axes)
+  panels: Dict[str, List[dict]] = {}
+  for row in rows:
+    panel = ' '.join(f'{a}={row.value(a)}' for a in panel_axes if row.value(a))
+    label = _line_label(row, line_axes)
+    out = panels.setdefault(panel, [])
+    finished = [read_curve(r.path) for r in row.runs if r.done]
+    finished = [c for c in finished if c[0].size]
+    if finished:
+      common = sorted(set.intersection(*(set(x.tolist()) for x, _ in finished)))
+      ys = np.stack([y[np.isin(x, common)] for x, y in finished])
+      out.append({'label': f'{label} (n={len(finished)})', 'x': common, 'y': ys.mean(0),
+                  'std': ys.std(0, ddof=1) if len(finished) > 1 else None})
+    for r in row.runs:
+      if not r.done:
+        x, y = read_curve(r.path)
+        if x.size:
+          out.append({'label': f'{label} {SEED}={r.flags.get(SEED, "?")} ({r.status}, '
+                               f'{r.rounds_done}/{r.rounds} rounds)', 'x': x, 'y': y,
+                      'incomplete': True})
+  return {p: c for p, c in panels.items() if c}
+
+
+# ---- spectra ----
+
+def add_spectra(runs: Sequence[Run], data_dir: Optional[str] = None,
+                max_examples: Optional[int] = None, batch_size: int = 256,
+                log: Callable[[str], None] = print) -> List[str]:
+  """The representation spectrum of each finished run's exported model over its task's test split
+  (analysis.representation_covariance -> singular_values -> spectrum_summary, as bin/analyze).
+  Returns notes on runs whose spectrum could not be computed (the rest of the report stands)."""
+  # TensorFlow only when there is something to load: the table and curves need none.
+  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr import analysis  # pylint: disable=g-import-not-at-top
+  from tff_decorr import export  # pylint: disable=g-import-not-at-top
+  notes = []
+  datasets: Dict[tuple, Any] = {}
+  for run in runs:
+    model_dir = os.path.join(run.path, 'export', 'saved_model')
+    if not run.done or not os.path.isdir(model_dir):
+      continue
+    config = run.config or (run.summary or {}).get('config') or {}
+    try:
+      task = task_registry.get(config.get('task', 'digits'))
+      where = (task.name, data_dir or config.get('data_dir') or None)
+      if where not in datasets:
+        datasets[where] = task.test_dataset(where[1], batch_size)
+      fn, meta = export.load_serving(model_dir, flag=run.name)
+      export.check_compatible(fn, meta, task.num_classes, task.input_shape, task.name, run.name)
+      sv = analysis.singular_values(
+          analysis.representation_covariance(fn, datasets[where], max_examples))
+    except (ValueError, KeyError, OSError) as e:  # A missing dataset, a damaged export.
+      notes.append(f'{run.name}: no spectrum ({e})')
+      continue
+    run.spectrum = sv
+    run.spectrum_summary = analysis.spectrum_summary(sv)
+    log(f'spectrum of {run.name}: effective rank {run.spectrum_summary["effective_rank"]:.2f} '
+        f'of {sv.size}')
+  return notes
+
+
+def mean_spectra(rows: Sequence[Row]) -> Dict[str, np.ndarray]:
+  """Per row, the mean over its finished runs of their descending singular values."""
+  out = {}
+  for row in rows:
+    svs = [np.sort(r.spectrum)[::-1] for r in row.runs if r.done and r.spectrum is not None]
+    if svs and len({s.size for s in svs}) == 1:
+      out[f'{row.label} (n={len(svs)})'] = np.mean(np.stack(svs), 0)
+  return out
+
+
+# ---- rendering ----
+
+def _pct(mean: float, std: float) -> str:
+  if math.isnan(mean):
+    return '—'
+  return f'{100 * mean:.2f} ± {100 * std:.2f}' if not math.isnan(std) else f'{100 * mean:.2f}'
+
+
+def _signed_pct(delta: float) -> str:
+  return '—' if delta is None or math.isnan(delta) else f'{100 * delta:+.2f}'
+
+
+def _num(mean: float, std: float) -> str:
+  if math.isnan(mean):
+    return '—'
+  return f'{mean:.2f} ± {std:.2f}' if not math.isnan(std) else f'{mean:.2f}'
+
+
+def table(rows: Sequence[Row], axes: Sequence[str], spectra: bool) -> Tuple[List[str], List[list]]:
+  """(header, cells) of the paper-style table, accuracies in percent."""
+  columns = [a for a in axes if a != SEED]
+  deltas = 'regularizer' in columns
+  header = [*columns, 'seeds done', 'final acc. (%)', 'best acc. (%)']
+  if deltas:
+    header += ['Δ final vs none', 'Δ best vs none']
+  if spectra:
+    header += ['effective rank']
+  header += ['not finished']
+  body = []
+  for row in rows:
+    s = row.stats
+    cells = [row.value(a) or '—' for a in columns]
+    cells += [f'{s["n_done"]}/{s["n_runs"]}',
+              _pct(s['final_test_accuracy_mean'], s['final_test_accuracy_std']),
+              _pct(s['best_test_accuracy_mean'], s['best_test_accuracy_std'])]
+    if deltas:
+      cells += [_signed_pct(s.get('final_test_accuracy_delta_vs_none')),
+                _signed_pct(s.get('best_test_accuracy_delta_vs_none'))]
+    if spectra:
+      cells += [_num(s['effective_rank_mean'], s['effective_rank_std'])]
+    cells += ['; '.join(s['not_done']) or '']
+    body.append(cells)
+  return header, body
+
+
+def write_csv(path: str, rows: Sequence[Row], axes: Sequence[str]) -> str:
+  """Machine-readable table: accuracies as fractions, full precision, empty where undefined."""
+  columns = [a for a in axes if a != SEED]
+  fields = ['final_test_accuracy_mean', 'final_test_accuracy_std', 'best_test_accuracy_mean',
+            'best_test_accuracy_std', 'final_test_accuracy_delta_vs_none',
+            'best_test_accuracy_delta_vs_none', 'effective_rank_mean', 'effective_rank_std']
+  with open(path, 'w', newline='') as f:
+    w = csv.writer(f)
+    w.writerow([*columns, 'n_done', 'n_runs', 'seeds_done', *fields, 'not_done'])
+    for row in rows:
+      s = row.stats
+      values = [s.get(k) for k in fields]
+      w.writerow([*(row.value(a) for a in columns), s['n_done'], s['n_runs'],
+                  ' '.join(s['seeds_done']),
+                  *('' if v is None or math.isnan(v) else repr(float(v)) for v in values),
+                  '; '.join(s['not_done'])])
+  return path
+
+
+def _md_escape(text: str) -> str:
+  return str(text).replace('|', '\\|')
+
+
+def markdown(title: str, header: Sequence[str], body: Sequence[list], notes: Sequence[str],
+             images: Mapping[str, str]) -> str:
+  lines = [f'# {title}', '']
+  lines.append('| ' + ' | '.join(map(_md_escape, header)) + ' |')
+  lines.append('|' + '|'.join('---' for _ in header) + '|')
+  lines += ['| ' + ' | '.join(map(_md_escape, cells)) + ' |' for cells in body]
+  lines.append('')
+  lines += [f'- {n}' for n in notes]
+  lines.append('')
+  lines += [f'![{name}]({os.path.basename(path)})' for name, path in images.items()]
+  return '\n'.join(lines) + '\n'
+
+
+def _data_uri(path: str) -> str:
+  with open(path, 'rb') as f:
+    return 'data:image/png;base64,' + base64.b64encode(f.read()).decode('ascii')
+
+
+def html_page(title: str, header: Sequence[str], body: Sequence[list], notes: Sequence[str],
+              images: Mapping[str, str]) -> str:
+  """One self-contained page: inline style, images as data: URIs, nothing fetched."""
+  e = html.escape
+  out = io.StringIO()
+  out.write('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<title>{e(title)}</title><style>'
+            'body{font-family:sans-serif;margin:2em;max-width:95em}'
+            'table{border-collapse:collapse;font-size:0.9em}'
+            'th,td{border:1px solid #bbb;padding:0.3em 0.6em;text-align:left}'
+            'th{background:#eee}td.num{text-align:right;white-space:nowrap}'
+            'img{max-width:100%;border:1px solid #ddd;margin:1em 0}'
+            '</style></head><body>\n')
+  out.write(f'<h1>{e(title)}</h1>\n<table>\n<tr>' +
+            ''.join(f'<th>{e(h)}</th>' for h in header) + '</tr>\n')
+  for cells in body:
+    out.write('<tr>' + ''.join(
+        f'<td class="num">{e(c)}</td>' if any(ch.isdigit() for ch in c[:2]) or c[:1] in '+-—'
+        else f'<td>{e(c)}</td>' for c in map(str, cells)) + '</tr>\n')
+  out.write('</table>\n<ul>\n' + ''.join(f'<li>{e(n)}</li>\n' for n in notes) + '</ul>\n')
+  for name, path in images.items():
+    out.write(f'<h2>{e(name)}</h2>\n<img alt="{e(name)}" src="{_data_uri(path)}">\n')
+  out.write('</body></html>\n')
+  return out.getvalue()
+
+
+def build(study_dir: str, output_dir: str, spectra: bool = True, data_dir: Optional[str] = None,
+          max_examples: Optional[int] = None, batch_size: int = 256,
+          log: Callable[[str], None] = print) -> Dict[str, str]:
+  """Writes the report of the study in `study_dir` to `output_dir`; returns {kind: path}."""
+  manifest = study.read_manifest(study_dir)
+  runs = load_runs(study_dir, manifest)
+  if not runs:
+    raise study.StudyError(f'--study_dir={study_dir}: study.json lists no runs; run bin/study '
+                           'first.')
+  axes = list(manifest.get('axes') or [])
+  notes = []
+  if spectra:
+    notes += add_spectra(runs, data_dir, max_examples, batch_size, log)
+  have_spectra = any(r.spectrum is not None for r in runs)
+  rows = group(runs, axes)
+  os.makedirs(output_dir, exist_ok=True)
+  written = {'csv': write_csv(os.path.join(output_dir, 'table.csv'), rows, axes)}
+  images = {}
+  panels = curves(rows, axes)
+  if panels:
+    images['Test accuracy per round (mean ± std over seeds)'] = written['curves_png'] = (
+        plots.plot_curves(panels, os.path.join(output_dir, 'curves.png')))
+  mean_sv = mean_spectra(rows)
+  if mean_sv:
+    images['Representation spectrum (mean over seeds)'] = written['spectra_png'] = (
+        plots.plot_spectra(mean_sv, os.path.join(output_dir, 'spectra.png'),
+                           top=max(s.size for s in mean_sv.values())))
+  counts = {s: sum(r.status == s for r in runs) for s in ('done', 'incomplete', 'not started',
+                                                         'failed')}
+  done_text = ', '.join(f'{n} {s}' for s, n in counts.items() if n)
+  notes = [f'{len(runs)} runs ({done_text}) in {study_dir}; generated '
+           f'{time.strftime("%Y-%m-%d %H:%M:%S")}.',
+           'Accuracy: test accuracy of the global model (personalised algorithms: the mean of the '
+           "clients' own models), in percent; mean ± sample standard deviation (ddof=1) over the "
+           'finished runs of each row only; unfinished runs are listed in their row and drawn '
+           'dotted in the curves, never averaged in.'] + (
+               ['Δ vs none: the row\'s mean minus the mean of the same configuration with '
+                '--regularizer=none (percentage points).'] if 'regularizer' in axes else []) + (
+                    ['Effective rank: exp(entropy) of the normalised singular values of the '
+                     "representation covariance over the task's test split (docs/analysis.md)."]
+                    if have_spectra else []) + list(manifest.get('notes', [])) + notes
+  header, body = table(rows, axes, have_spectra)
+  title = f'Study {os.path.basename(os.path.normpath(study_dir))}'
+  md = markdown(title, header, body, notes, images)
+  written['markdown'] = os.path.join(output_dir, 'table.md')
+  with open(written['markdown'], 'w') as f:
+    f.write(md)
+  written['html'] = os.path.join(output_dir, 'report.html')
+  with open(written['html'], 'w') as f:
+    f.write(html_page(title, header, body, notes, images))
+  return written
