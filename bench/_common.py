@@ -43,12 +43,12 @@ def cache_dir() -> str:
 class Runner:
   """One variant: its Experiment, runtime, server state and client states; `step()` times a round.
 
-  Rounds sample clients exactly as tff_decorr.program.run does (sample_clients, client_seed), so
+  Rounds sample clients exactly as tff_decorr.run.program.run does (sample_clients, client_seed), so
   each variant sees the same clients, data order and augmentation in the same round."""
 
   def __init__(self, config):
-    from tff_decorr import experiment  # pylint: disable=g-import-not-at-top
-    from tff_decorr import program  # pylint: disable=g-import-not-at-top
+    from tff_decorr.run import experiment  # pylint: disable=g-import-not-at-top
+    from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
     self.exp = experiment.Experiment(config, log=lambda s: None)
     self.exp.prepare_client_data()
     self.runtime = self.exp.runtime()

@@ -1,6 +1,6 @@
 r"""Reduced-scale accuracy on real CIFAR-10: FedAvg vs FedAvg + FedDecorr over alphas and seeds.
 
-Each run is `tff_decorr.training.train` (what bin/train runs) with the in-process runtime; its
+Each run is `tff_decorr.run.training.train` (what bin/train runs) with the in-process runtime; its
 summary.json gives the final test accuracy on the full 10,000-image test split. Prints mean and std per (alpha, method) and writes
 bench/results/accuracy_<scale>.json. Runs already finished are reused (bin/train resumes), so an
 interrupted benchmark continues where it stopped.
@@ -23,8 +23,8 @@ from absl import flags
 # from graph tensors: "'SymbolicTensor' object has no attribute 'node'").
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
-from tff_decorr import config as config_lib  # pylint: disable=g-import-not-at-top
-from tff_decorr import training  # pylint: disable=g-import-not-at-top
+from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -3,7 +3,7 @@ r"""Fidelity to the PyTorch reference at the setting of issue 23, as mean +- std
 The setting (the reference's main.py with its CIFAR-10 scripts' hyper-parameters, scaled to a CPU):
 the shared CIFAR-10 (10,000 train images, official order), ResNet20, Dirichlet alpha 0.05 (and 0.5),
 10 clients all participating, 10 rounds x 1 local epoch, lr 0.01, momentum 0.9, weight decay 1e-5,
-batch 64; FedAvg and FedAvg + FedDecorr (beta 0.1). Each run is `tff_decorr.training.train` (what
+batch 64; FedAvg and FedAvg + FedDecorr (beta 0.1). Each run is `tff_decorr.run.training.train` (what
 bin/train runs); its summary.json gives the final test accuracy on the 10,000 test images.
 
 `--inits` runs the same grid with other initialisations: `keras` is what the project used before
@@ -32,9 +32,9 @@ from absl import flags
 # TensorFlow before absl's app.run (see bench/accuracy.py).
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
-from tff_decorr import config as config_lib  # pylint: disable=g-import-not-at-top
-from tff_decorr import tff_context  # pylint: disable=g-import-not-at-top
-from tff_decorr import training  # pylint: disable=g-import-not-at-top
+from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

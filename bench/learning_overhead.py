@@ -1,4 +1,4 @@
-r"""Round time of the tff.learning path (tff_decorr.learning.build_process, a LearningProcess) and
+r"""Round time of the tff.learning path (tff_decorr.federated.learning.build_process, a LearningProcess) and
 of each tff.aggregators aggregator, relative to today's TFF runtime (runtimes/tff_runtime.py).
 
 Every variant is FedAvg + FedDecorr on the same task, model, partition, seed and clients, all in
@@ -14,7 +14,7 @@ between the variants:
                        20,000 would quantise no tensor of small_cnn)
   process_secure       tff.learning.secure_aggregator() (the project's context runs secure sums as
                        plain sums; what is timed is the aggregator's extra work, not a protocol)
-  process_dp           tff_decorr.learning.dp_aggregator(...) (epsilon accounting included); by
+  process_dp           tff_decorr.federated.learning.dp_aggregator(...) (epsilon accounting included); by
                        default a FIXED clip (--dp_clip=1.0, DifferentiallyPrivateFactory.
                        gaussian_fixed) with --dp_noise_multiplier=1.0, so any --num_clients works:
                        TFF's adaptive clipping (--dp_clip=0) refuses a noise multiplier of
@@ -24,7 +24,7 @@ between the variants:
                        compression, secure, dp in the project's TFF runtime (bench._common.Runner
                        over config.make(aggregator=...)), with the settings above
 
-Each round samples clients with tff_decorr.program.sample_clients, so every variant trains the same
+Each round samples clients with tff_decorr.run.program.sample_clients, so every variant trains the same
 clients on the same shards in the same round (the LearningProcess keys each client's shuffle on
 its own stateless function of (seed, round, client id), so the order of examples inside a client
 may differ from the runtime's; the amount of work does not). The first round of each variant
@@ -92,7 +92,7 @@ flags.DEFINE_string('output_name', '', 'Name of the JSON in bench/results (defau
 def config(aggregator: str = 'mean'):
   """The configuration every variant shares (the process variants reuse the baseline's
   Experiment; runtime_<aggregator> is bin/train's --aggregator=<aggregator>)."""
-  from tff_decorr import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
   digits = FLAGS.task == 'digits'
   settings = {}
   if aggregator == 'dp':
@@ -110,13 +110,13 @@ def config(aggregator: str = 'mean'):
 def aggregator(name: str, num_clients: int):
   """The tff.aggregators factory of process variant `name` (None: build_process's default)."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from tff_decorr import learning  # pylint: disable=g-import-not-at-top
+  from tff_decorr.federated import learning  # pylint: disable=g-import-not-at-top
   if name == 'process_mean':
     return None
   if name == 'process_robust':
     return tff.learning.robust_aggregator()
   if name == 'process_compression':  # compression_aggregator() with the threshold as a setting
-    from tff_decorr import aggregation  # pylint: disable=g-import-not-at-top
+    from tff_decorr.federated import aggregation  # pylint: disable=g-import-not-at-top
     return aggregation.build('compression', aggregation.CompressionHParams(
         threshold=FLAGS.compression_threshold), aggregation.RunShape(num_clients, num_clients, 1))
   if name == 'process_secure':
@@ -156,8 +156,8 @@ class ProcessRunner:
   called directly needs the synchronous context, not learning.install_program_context's."""
 
   def __init__(self, base: RuntimeRunner, model_aggregator):
-    from tff_decorr import learning  # pylint: disable=g-import-not-at-top
-    from tff_decorr import program  # pylint: disable=g-import-not-at-top
+    from tff_decorr.federated import learning  # pylint: disable=g-import-not-at-top
+    from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
     exp = base.exp
     c = exp.config
     self.config = c
@@ -204,7 +204,7 @@ def bytes_table(bytes_up: dict) -> str:
 def main(argv):
   del argv
   _common.check_flags(FLAGS.variants, VARIANTS, FLAGS.repeats)
-  from tff_decorr import tff_context  # pylint: disable=g-import-not-at-top
+  from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
   machine = _common.machine()
   names = [BASELINE] + [v for v in VARIANTS if v in FLAGS.variants and v != BASELINE]
   # The baseline first: its Experiment installs the TFF context (and starts the worker) that the

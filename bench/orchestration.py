@@ -13,7 +13,7 @@ bin/train), so on several cores it may run clients concurrently while the tf run
 one after another. When TensorFlow sees a GPU, the device placement of one tf-runtime client round
 is logged to stderr (tf.debugging.set_log_device_placement); TFF 0.87's worker is CPU-only.
 Writes bench/results/orchestration_<task>.json. No worker_binary process is left behind: the
-TFF context (tff_decorr.tff_context) stops its worker at exit, and the script checks that.
+TFF context (tff_decorr.federated.tff_context) stops its worker at exit, and the script checks that.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ flags.DEFINE_string('child_pid_file', '', 'Internal: run the benchmark in this p
 
 
 def config(runtime: str):
-  from tff_decorr import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
   return config_lib.make(
       task=FLAGS.task, data_dir=os.path.abspath(FLAGS.data_dir) if FLAGS.task != 'digits' else '',
       model=FLAGS.model, algorithm='fedavg', regularizer='none', local_epochs=FLAGS.local_epochs,
@@ -71,7 +71,7 @@ def log_device_placement(runner) -> str:
 
 
 def child():
-  from tff_decorr import program  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
   program.set_gpu_memory_growth()
   machine = _common.machine()
   # The TFF runner first: TFF traces Keras models inside a graph, which invalidates Keras models

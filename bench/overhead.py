@@ -56,7 +56,7 @@ VARIANTS = {
 
 
 def config(**kw):
-  from tff_decorr import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
   paper = FLAGS.scale == 'paper'
   base = dict(task='cifar10', data_dir=os.path.abspath(FLAGS.data_dir),
               model='mobilenet_v2_cifar' if paper else 'small_cnn',
@@ -72,7 +72,7 @@ def config(**kw):
 def main(argv):
   del argv
   _common.check_flags(FLAGS.variants, VARIANTS, FLAGS.repeats)
-  from tff_decorr import program  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
   program.set_gpu_memory_growth()
   machine = _common.machine()
   names = ['fedavg'] + [v for v in FLAGS.variants if v != 'fedavg']

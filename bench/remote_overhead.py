@@ -19,7 +19,7 @@ import tempfile
 from absl import app
 from absl import flags
 
-from tff_decorr import tff_context
+from tff_decorr.federated import tff_context
 
 flags.DEFINE_integer('rounds', 4, 'Rounds per run.')
 flags.DEFINE_integer('local_epochs', 1, 'Local epochs.')

@@ -13,7 +13,7 @@ minimum from 10,000 images at any useful skew, and an IID split of the whole tra
 population would shrink every client's data as the population grows, so rounds would not be
 comparable.)
 
-Each setting runs in a fresh subprocess through the project's training loop (tff_decorr.program.run:
+Each setting runs in a fresh subprocess through the project's training loop (tff_decorr.run.program.run:
 client sampling, the per-client state store, a checkpoint every round), FedAvg + FedDecorr with
 small_cnn; evaluation and export are skipped, so the round time is the federated round plus saving
 the sampled clients' states. Peak RSS is the subprocess's ru_maxrss; under --runtime=tff the TFF
@@ -59,11 +59,11 @@ def child(pop: int, out: str) -> None:
   """One setting: writes out/result.json."""
   import psutil  # pylint: disable=g-import-not-at-top
   from tasks import client_data  # pylint: disable=g-import-not-at-top
-  from tff_decorr import client_state  # pylint: disable=g-import-not-at-top
-  from tff_decorr import config as config_lib  # pylint: disable=g-import-not-at-top
-  from tff_decorr import experiment  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import client_state  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import experiment  # pylint: disable=g-import-not-at-top
   from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
-  from tff_decorr import program  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
 
   k = FLAGS.examples_per_client
   config = config_lib.make(

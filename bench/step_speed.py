@@ -44,7 +44,7 @@ import statistics
 import sys
 import time
 
-from tff_decorr import tf_env  # pylint: disable=g-bad-import-order,unused-import  (before TF)
+from tff_decorr.run import tf_env  # pylint: disable=g-bad-import-order,unused-import  (before TF)
 from absl import app
 from absl import flags
 import numpy as np
@@ -262,7 +262,7 @@ def _round_dataset_fn(name, steps):
 
 
 def run_round_mode():
-  from tff_decorr import tff_context  # pylint: disable=g-import-not-at-top
+  from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
   from tff_decorr.runtimes import tf_runtime  # pylint: disable=g-import-not-at-top
   from tff_decorr.runtimes import tff_runtime  # pylint: disable=g-import-not-at-top
   if 'tff' in FLAGS.runtimes:

@@ -8,8 +8,8 @@ r"""Dimensional-collapse analysis of exported models: spectra CSV, JSON summary 
     --local_saved_model=runs/x/client0 --global_saved_model=runs/x --output_dir=analysis/lg
 
 Each --saved_model is a SavedModel directory or a run directory holding `export/saved_model`
-(contract in tff_decorr/export.py). The covariance of its representations over the task's test split
-is accumulated batch by batch (tff_decorr/analysis.py); quantities are defined in docs/analysis.md.
+(contract in tff_decorr/run/export.py). The covariance of its representations over the task's test split
+is accumulated batch by batch (tff_decorr/collapse/analysis.py); quantities are defined in docs/analysis.md.
 Writes <output_dir>/spectra.csv (one column per run), summary.json, spectra.png and, for the
 local/global pair, local_global.csv and local_vs_global.png. Bad input exits with code 2 and a
 one-line error naming the flag.
@@ -27,11 +27,11 @@ from absl import app
 from absl import flags
 import numpy as np
 
-from tff_decorr import tf_env  # pylint: disable=unused-import  (first: before TF)
-from tff_decorr import analysis
-from tff_decorr import cli
-from tff_decorr import export
-from tff_decorr import plots
+from tff_decorr.run import tf_env  # pylint: disable=unused-import  (first: before TF)
+from tff_decorr.collapse import analysis
+from tff_decorr.run import cli
+from tff_decorr.run import export
+from tff_decorr.collapse import plots
 
 _SAVED_MODEL = flags.DEFINE_string(
     'saved_model', None, 'Comma-separated SavedModel dirs, or run dirs containing export/saved_model.')

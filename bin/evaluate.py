@@ -21,14 +21,14 @@ from absl import app
 from absl import flags
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top,unused-import  (before TF)
+from tff_decorr.run import tf_env  # pylint: disable=g-import-not-at-top,unused-import  (before TF)
 
 # TensorFlow must be imported before absl's app.run: imported for the first time inside main(),
 # Keras 2.14 builds functional models from graph tensors and fails ("SymbolicTensor ... node").
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
-from tff_decorr import cli  # pylint: disable=g-import-not-at-top
-from tff_decorr import personalized  # pylint: disable=g-import-not-at-top
+from tff_decorr.run import cli  # pylint: disable=g-import-not-at-top
+from tff_decorr.run import personalized  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('saved_model', None, 'A SavedModel directory, or a run directory of bin/train.')
@@ -48,8 +48,8 @@ def evaluate_saved_model(saved_model: str, task_name, data_dir, batch_size: int,
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from tff_decorr import export  # pylint: disable=g-import-not-at-top
-  from tff_decorr import plots  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import export  # pylint: disable=g-import-not-at-top
+  from tff_decorr.collapse import plots  # pylint: disable=g-import-not-at-top
 
   run_root = saved_model if os.path.isdir(os.path.join(saved_model, 'export')) else None
   if output_dir is None:
@@ -99,7 +99,7 @@ def _confusion(fn, dataset, num_classes):
 def _per_client(run_root, task, data_dir, batch_size) -> dict:
   """Each exported client model on its own test data; the mean weighted by test examples."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from tff_decorr import export  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import export  # pylint: disable=g-import-not-at-top
   clients_dir = os.path.dirname(os.path.dirname(personalized.client_export_dir(run_root, 0)))
   ids = sorted((int(c) for c in os.listdir(clients_dir) if c.isdigit())
                if os.path.isdir(clients_dir) else [])

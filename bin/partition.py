@@ -17,8 +17,8 @@ from absl import app
 from absl import flags
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top,unused-import  (before TF)
-from tff_decorr import deprecated_flags  # pylint: disable=g-import-not-at-top
+from tff_decorr.run import tf_env  # pylint: disable=g-import-not-at-top,unused-import  (before TF)
+from tff_decorr.run import deprecated_flags  # pylint: disable=g-import-not-at-top
 
 # Imported before app.run for the same reason as in bin/train (Keras/absl start-up order).
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
@@ -27,7 +27,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string('task', 'digits', 'Task name.')
 flags.DEFINE_string('partition', 'dirichlet', 'dirichlet|pathological|iid|domain.')
 # The names bin/train uses; --alpha and --classes_per_client are their deprecated spellings, as
-# in bin/train, until tff_decorr.deprecated_flags.REMOVED_IN.
+# in bin/train, until tff_decorr.run.deprecated_flags.REMOVED_IN.
 _DEPRECATED = ('alpha', 'classes_per_client')
 flags.DEFINE_float('dirichlet_alpha', 0.5, 'Dirichlet concentration (inf: IID).')
 flags.DEFINE_integer('pathological_classes_per_client', 2,
@@ -66,7 +66,7 @@ def partition_counts(task_name, partition, alpha, classes_per_client, num_client
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
-  from tff_decorr import plots  # pylint: disable=g-import-not-at-top
+  from tff_decorr.collapse import plots  # pylint: disable=g-import-not-at-top
   alpha, classes_per_client = FLAGS.dirichlet_alpha, FLAGS.pathological_classes_per_client
   for old in deprecated_flags.given(FLAGS, _DEPRECATED):
     print(deprecated_flags.warning(old, deprecated_flags.replacements(old)), file=sys.stderr)

@@ -9,7 +9,7 @@ metrics.csv for how far it got. Writes table.md and table.csv (per configuration
 --regularizer=none), curves.png (test accuracy per round, mean with a ±std band), spectra.png (the
 representation spectrum of each configuration's exported models over the task's test split, when
 exports exist) and report.html (all of it on one self-contained page). Unfinished runs are listed,
-never averaged in. Bad input exits 2 with one line naming the flag. Logic: tff_decorr/report.py.
+never averaged in. Bad input exits 2 with one line naming the flag. Logic: tff_decorr/run/report.py.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from absl import app
 from absl import flags
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top,unused-import  (before TF)
+from tff_decorr.run import tf_env  # pylint: disable=g-import-not-at-top,unused-import  (before TF)
 # As in bin/train: TensorFlow imported before app.run (the spectra load SavedModels).
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
-from tff_decorr import cli  # pylint: disable=g-import-not-at-top
-from tff_decorr import report  # pylint: disable=g-import-not-at-top
-from tff_decorr import study  # pylint: disable=g-import-not-at-top
+from tff_decorr.run import cli  # pylint: disable=g-import-not-at-top
+from tff_decorr.run import report  # pylint: disable=g-import-not-at-top
+from tff_decorr.run import study  # pylint: disable=g-import-not-at-top
 
 _STUDY_DIR = flags.DEFINE_string('study_dir', None, 'Directory of a bin/study study (holds '
                                  'study.json).')

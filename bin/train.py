@@ -12,7 +12,7 @@ Flag defaults marked "task default" come from the task's paper settings (docs/ta
 algorithm, regulariser and partition has its own flags, `--<component>_<setting>`, generated from
 the setting it declares (tff_decorr.hparams): `--fedprox_mu`, `--moon_temperature`,
 `--feddecorr_beta`, `--dirichlet_alpha`, ... (`--help` lists them). This file only parses flags and
-reports errors: the training program is `tff_decorr.training.train`.
+reports errors: the training program is `tff_decorr.run.training.train`.
 """
 
 from __future__ import annotations
@@ -24,22 +24,22 @@ from absl import flags
 
 # Keep TF's C++ start-up chatter out of the progress output unless the user asks for it.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top,unused-import  (before TF)
+from tff_decorr.run import tf_env  # pylint: disable=g-import-not-at-top,unused-import  (before TF)
 
 # TensorFlow must be imported before absl's app.run: imported for the first time inside main(),
 # Keras 2.14 builds functional models from graph tensors and fails ("SymbolicTensor ... node").
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
-from tff_decorr import cli  # pylint: disable=g-import-not-at-top
+from tff_decorr.run import cli  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
 
 
 def define_flags(fv: flags.FlagValues = FLAGS) -> None:
-  """Defines every flag on `fv` (tff_decorr.cli.define_train_flags: bin/study defines the same
+  """Defines every flag on `fv` (tff_decorr.run.cli.define_train_flags: bin/study defines the same
   flags on its own FlagValues to check each configuration of a grid as bin/train would)."""
   for name in cli.define_train_flags(fv):
-    # Defined in tff_decorr.cli; declared here so that --help lists them, as before.
+    # Defined in tff_decorr.run.cli; declared here so that --help lists them, as before.
     flags.declare_key_flag(name, flag_values=fv)
 
 
@@ -50,7 +50,7 @@ def resolve_configs(fv: flags.FlagValues = FLAGS) -> list:
 
 def run_header(config, requested_runtime: str) -> str:
   """The first line of a configuration's run: what runs where, and which runtime and why."""
-  from tff_decorr import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
   why = config_lib.choose_runtime(requested_runtime, config.workers, config.aggregator)[1]
   return (f'=== {config.task}: {config.algorithm} + {config.regularizer} -> {config.output_dir}  '
           f'(runtime {config.runtime}, {why})')
@@ -67,8 +67,8 @@ def main(argv):
 
 def run(fv: flags.FlagValues) -> int:
   """Trains every configuration the flags name, then prints the results."""
-  from tff_decorr import tff_context  # pylint: disable=g-import-not-at-top
-  from tff_decorr import training  # pylint: disable=g-import-not-at-top
+  from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
   results = []
   for config in resolve_configs(fv):
     print(run_header(config, fv.runtime), flush=True)

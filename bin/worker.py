@@ -22,7 +22,7 @@ from absl import app
 from absl import flags
 
 # The worker_binary inherits this process's environment: oneDNN on unless the user set it.
-from tff_decorr import tf_env  # pylint: disable=unused-import
+from tff_decorr.run import tf_env  # pylint: disable=unused-import
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer('port', 8000, 'Port to serve on.')
@@ -36,7 +36,7 @@ def main(argv):
   if not 0 < FLAGS.port < 65536:
     print(f'worker: error: --port={FLAGS.port} is not a TCP port (1-65535).', file=sys.stderr)
     return 2
-  from tff_decorr import tff_context  # pylint: disable=g-import-not-at-top
+  from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
   if not tff_context.port_is_free(FLAGS.port):
     print(f'worker: error: --port={FLAGS.port} is already in use; choose another port.',
           file=sys.stderr)

@@ -16,12 +16,12 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_decorr import aggregation
+from tff_decorr.federated import aggregation
 from tff_decorr import algorithms
-from tff_decorr import config
+from tff_decorr.run import config
 from tff_decorr import regularizers
-from tff_decorr import tff_context
-from tff_decorr import training
+from tff_decorr.federated import tff_context
+from tff_decorr.run import training
 from tff_decorr.algorithms import testing
 from tff_decorr.runtimes import tf_runtime
 from tff_decorr.runtimes import tff_runtime

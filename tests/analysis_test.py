@@ -1,4 +1,4 @@
-"""Tests of tff_decorr/analysis.py, tff_decorr/plots.py and bin/analyze.py."""
+"""Tests of tff_decorr/collapse/analysis.py, tff_decorr/collapse/plots.py and bin/analyze.py."""
 
 import collections
 import csv
@@ -13,9 +13,9 @@ import tensorflow as tf
 
 from bin import analyze
 from tests import testutil
-from tff_decorr import analysis
-from tff_decorr import export
-from tff_decorr import plots
+from tff_decorr.collapse import analysis
+from tff_decorr.run import export
+from tff_decorr.collapse import plots
 
 _INPUT_SHAPE = (8, 8, 3)
 _REP_DIM = 6

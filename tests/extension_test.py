@@ -22,9 +22,9 @@ import tensorflow_federated as tff
 from bin import train
 from tff_decorr import algorithms
 from tff_decorr import hparams
-from tff_decorr import learning
+from tff_decorr.federated import learning
 from tff_decorr import regularizers
-from tff_decorr import tff_context
+from tff_decorr.federated import tff_context
 from tff_decorr.algorithms import base
 from tff_decorr.algorithms import fedavg
 from tff_decorr.algorithms import testing
@@ -144,7 +144,7 @@ class ExtensionTest(absltest.TestCase):
             '--clients_per_round=2', f'--runtime={runtime}')), 0)
         counts = {}
         states_dir = os.path.join(out, 'client_states')
-        for cid in os.listdir(states_dir):  # <client>/r<round>.npz (tff_decorr.client_state)
+        for cid in os.listdir(states_dir):  # <client>/r<round>.npz (tff_decorr.run.client_state)
           latest = max(os.listdir(os.path.join(states_dir, cid)),
                        key=lambda name: int(name[1:-4]))
           with np.load(os.path.join(states_dir, cid, latest)) as f:

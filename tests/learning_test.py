@@ -1,4 +1,4 @@
-"""tff_decorr.learning: the VariableModel wrapper under TFF's stock builders, the project's
+"""tff_decorr.federated.learning: the VariableModel wrapper under TFF's stock builders, the project's
 algorithms as LearningProcesses under train_model, and tff.aggregators in their place."""
 
 import asyncio
@@ -18,9 +18,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_decorr import algorithms
-from tff_decorr import learning
+from tff_decorr.federated import learning
 from tff_decorr import regularizers
-from tff_decorr import tff_context
+from tff_decorr.federated import tff_context
 from tff_decorr.algorithms import testing
 from tff_decorr.runtimes import tf_runtime
 

@@ -1,6 +1,6 @@
 """Reliability of the run loop and the run directory, in-process (docs/reliability.md).
 
-The training program (tff_decorr.program) is driven by a stub runtime whose rounds are cheap and
+The training program (tff_decorr.run.program) is driven by a stub runtime whose rounds are cheap and
 scriptable (a NaN in round k, a Ctrl-C in round k), with the real checkpoint manager, client-state
 store and run-directory code. End-to-end cases through bin/train are in reliability_cli_test.py.
 """
@@ -25,10 +25,10 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import client_data
-from tff_decorr import cli
-from tff_decorr import client_state
-from tff_decorr import program
-from tff_decorr import run_dir
+from tff_decorr.run import cli
+from tff_decorr.run import client_state
+from tff_decorr.run import program
+from tff_decorr.run import run_dir
 from tests import testutil
 
 
@@ -331,7 +331,7 @@ class RunDirTest(absltest.TestCase):
 
   def test_a_directory_locked_by_another_process_is_refused_naming_its_pid(self):
     os.makedirs(self.out)
-    code = ('import sys, time; sys.path.insert(0, sys.argv[1]); from tff_decorr import run_dir; '
+    code = ('import sys, time; sys.path.insert(0, sys.argv[1]); from tff_decorr.run import run_dir; '
             'run_dir.lock(sys.argv[2]); print("locked", flush=True); time.sleep(60)')
     holder = subprocess.Popen([sys.executable, '-c', code, testutil.REPO_ROOT, self.out],
                               stdout=subprocess.PIPE, text=True)

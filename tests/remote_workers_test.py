@@ -147,7 +147,7 @@ class WorkerLostTest(absltest.TestCase):
   def test_lost_worker_raises_one_line_error(self):
     program = '\n'.join([
         'import sys, time, numpy as np, tensorflow_federated as tff',
-        'from tff_decorr import tff_context',
+        'from tff_decorr.federated import tff_context',
         'w = tff_context.WorkerProcess()',
         'tff_context.install(workers=[w.address])',
         '@tff.tensorflow.computation(np.int32)',

@@ -1,4 +1,4 @@
-"""bin/report over one tiny real study on the embedded digits task (tff_decorr/report.py).
+"""bin/report over one tiny real study on the embedded digits task (tff_decorr/run/report.py).
 
 The study: regularisers none and feddecorr x seeds 0, 1 finished through bin/study; seed 2 planned
 (--print_plan) with its none run stopped after 1 of 2 rounds and its feddecorr run never started,
@@ -31,7 +31,7 @@ def _check(proc, what):
 
 
 def _effective_rank(saved_model, images):
-  """Independently of tff_decorr.analysis: numpy covariance, eigenvalues, exp(entropy)."""
+  """Independently of tff_decorr.collapse.analysis: numpy covariance, eigenvalues, exp(entropy)."""
   fn = tf.saved_model.load(saved_model).signatures['serving_default']
   z = fn(images=tf.constant(images))['representation'].numpy().astype(np.float64)
   eig = np.clip(np.linalg.eigvalsh(np.cov(z, rowvar=False, bias=True)), 0, None)
@@ -180,7 +180,7 @@ class GroupTest(absltest.TestCase):
 
   @staticmethod
   def _run(seed, final, alpha='0.1', status='done', **flags):
-    from tff_decorr import report  # pylint: disable=g-import-not-at-top
+    from tff_decorr.run import report  # pylint: disable=g-import-not-at-top
     return report.Run(name=f'r{len(flags)}{seed}{final}', path='', rounds=2, status=status,
                       rounds_done=2 if status == 'done' else 1, log='',
                       flags={'dirichlet_alpha': alpha, **flags, 'seed': str(seed)},
@@ -188,7 +188,7 @@ class GroupTest(absltest.TestCase):
                       if status == 'done' else None)
 
   def test_each_setting_of_a_regulariser_is_compared_with_its_baseline(self):
-    from tff_decorr import report  # pylint: disable=g-import-not-at-top
+    from tff_decorr.run import report  # pylint: disable=g-import-not-at-top
     runs = [self._run(0, 0.50, regularizer='none'), self._run(1, 0.60, regularizer='none'),
             self._run(2, 0.99, regularizer='none', status='incomplete'),
             self._run(0, 0.70, regularizer='feddecorr', feddecorr_beta='0.05'),

@@ -15,7 +15,7 @@ _PROGRAM = textwrap.dedent('''
     import os, sys, time
     import numpy as np
     import tensorflow_federated as tff
-    from tff_decorr import tff_context
+    from tff_decorr.federated import tff_context
     tff_context.install()
 
     @tff.tensorflow.computation(np.int32)

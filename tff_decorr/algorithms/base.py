@@ -53,7 +53,7 @@ class Algorithm:
   stateful = False
   # The constructor needs the total number of clients N (keyword `num_clients`; SCAFFOLD's c).
   needs_num_clients = False
-  # How a tff.aggregators factory can aggregate the upload (--aggregator, tff_decorr.learning):
+  # How a tff.aggregators factory can aggregate the upload (--aggregator, tff_decorr.federated.learning):
   # those factories expect model DELTAS (DP clips them, compression quantises them). 'model':
   # contribution / weight is (part of) a model, sent as its difference from
   # `update_reference(broadcast)`; 'delta': contribution / weight is already a delta; None: no

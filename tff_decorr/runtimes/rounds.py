@@ -32,7 +32,7 @@ from typing import Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_decorr import aggregation
+from tff_decorr.federated import aggregation
 from tff_decorr.algorithms import base
 from tff_decorr.algorithms.workspace import Workspace
 

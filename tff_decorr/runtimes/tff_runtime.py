@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_decorr import aggregation
+from tff_decorr.federated import aggregation
 from tff_decorr.algorithms import base
 from tff_decorr.runtimes import rounds
 
@@ -130,7 +130,7 @@ class TffRuntime:
   """The IterativeProcess behind the same interface as tf_runtime.TfRuntime (for the program).
 
   `initialize()` and `run_round(server_state, client_inputs, client_states)` call the process's
-  `initialize` and `next` in TFF's default context (install tff_decorr.tff_context first). The
+  `initialize` and `next` in TFF's default context (install tff_decorr.federated.tff_context first). The
   server state is the algorithm's, plus 'aggregator' (the factory's state) under a factory.
   """
 

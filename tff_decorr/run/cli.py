@@ -9,7 +9,7 @@ import re
 from absl import flags
 from absl import logging
 
-from tff_decorr import deprecated_flags
+from tff_decorr.run import deprecated_flags
 
 
 def user_path(path: str) -> str:
@@ -87,8 +87,8 @@ def run_guarded(prog: str, fn, interrupted_message=None) -> int:
   """Runs fn() and maps every failure a user can cause or meet to one line on stderr and an exit
   code, instead of a traceback from deep inside TensorFlow. Programming errors still raise."""
   import sys  # pylint: disable=g-import-not-at-top
-  from tff_decorr import program  # pylint: disable=g-import-not-at-top
-  from tff_decorr import tff_context  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
+  from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
 
   def fail(message, code):
     print(f'{prog}: error: {message}', file=sys.stderr, flush=True)
@@ -149,7 +149,7 @@ def define_train_flags(fv) -> list:
   bin/study defines them on a FlagValues of its own per configuration of its grid. Returns the
   generic flags' names (bin/train's --help lists those)."""
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from tff_decorr import aggregation  # pylint: disable=g-import-not-at-top
+  from tff_decorr.federated import aggregation  # pylint: disable=g-import-not-at-top
   from tff_decorr import algorithms  # pylint: disable=g-import-not-at-top
   from tff_decorr import models  # pylint: disable=g-import-not-at-top
   from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
@@ -220,7 +220,7 @@ def define_train_flags(fv) -> list:
 def define_component_flags(fv) -> None:
   """One flag per setting of every registered algorithm, regulariser, partition and aggregator,
   `--<component>_<setting>` (tff_decorr.hparams), plus the old spellings as deprecated aliases."""
-  from tff_decorr import config  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import config  # pylint: disable=g-import-not-at-top
   for kind, name, spec in config.component_flag_specs():
     text = f'{spec.help} [{kind} {name}; default {spec.default}]'
     if spec.choices:
@@ -241,7 +241,7 @@ def resolve_configs(fv) -> list:
   Config per regulariser; output directories resolved (default: runs/<...>-<hash>)."""
   import sys  # pylint: disable=g-import-not-at-top
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from tff_decorr import config  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import config  # pylint: disable=g-import-not-at-top
   task = task_registry.get(fv.task)
   generic = {name: fv[name].value for name in config.GENERIC_FIELDS if name in fv}
   for name in ('data_dir', 'cache_dir'):

@@ -1,7 +1,7 @@
-"""Composition: from a resolved configuration (tff_decorr.config) to the pieces of a run: task data,
+"""Composition: from a resolved configuration (tff_decorr.run.config) to the pieces of a run: task data,
 model, regulariser, algorithm, runtime, evaluation and export. It sits above the registries (tasks,
 models, algorithms, regularizers, partitions), which know nothing of each other; the training
-program (tff_decorr.training), the benchmarks and the end-to-end tests share it.
+program (tff_decorr.run.training), the benchmarks and the end-to-end tests share it.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import tensorflow as tf
 
 from tasks import client_data
 from tasks import registry as task_registry
-from tff_decorr import aggregation
+from tff_decorr.federated import aggregation
 from tff_decorr import algorithms
-from tff_decorr import config as config_lib
-from tff_decorr import export
+from tff_decorr.run import config as config_lib
+from tff_decorr.run import export
 from tff_decorr import models
 from tff_decorr import partitions
 from tff_decorr import regularizers
@@ -105,7 +105,7 @@ class Experiment:
     if config_lib.choose_runtime(c.runtime, c.workers, c.aggregator)[0] == 'tf':
       from tff_decorr.runtimes import tf_runtime  # pylint: disable=g-import-not-at-top
       return tf_runtime.TfRuntime(self.algorithm, self.client_dataset_fn)
-    from tff_decorr import tff_context  # pylint: disable=g-import-not-at-top
+    from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
     from tff_decorr.runtimes import tff_runtime  # pylint: disable=g-import-not-at-top
     workers = [w for w in c.workers.split(',') if w] if c.workers else []
     log_path = os.path.join(output_dir, 'tff_worker.log') if output_dir else None

@@ -28,9 +28,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from absl import flags
 
-from tff_decorr import cli
-from tff_decorr import config as config_lib
-from tff_decorr import run_dir
+from tff_decorr.run import cli
+from tff_decorr.run import config as config_lib
+from tff_decorr.run import run_dir
 
 MANIFEST = 'study.json'
 MANIFEST_VERSION = 1
@@ -389,7 +389,7 @@ class Runner:
     self.status: Dict[str, dict] = {}
     self.durations: List[float] = []
     self._started: Dict[str, float] = {}  # run name -> start time, of the running ones
-    from tff_decorr import tff_context  # pylint: disable=g-import-not-at-top
+    from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
     # tff_context's child set-up (SIGKILL when this process dies; its own process group): a killed
     # study leaves no bin/train behind holding a cell's lock when the study is resumed, and Ctrl-C
     # reaches the children only through the study, which stops them (_stop). Imported here, not in

@@ -1,8 +1,8 @@
-"""The training program as a library call: `tff_decorr.training.train(config)` (also
+"""The training program as a library call: `tff_decorr.run.training.train(config)` (also
 `tff_decorr.train`). bin/train is its command line: flags -> `config.resolve` -> `train`.
 
 It prepares the run directory (lock, compare, config.json once every check has passed), builds the
-run's pieces (tff_decorr.experiment), and drives the round loop (tff_decorr.program): metrics,
+run's pieces (tff_decorr.run.experiment), and drives the round loop (tff_decorr.run.program): metrics,
 checkpoints, evaluation (each client's own model for personalised algorithms), export, summary.
 """
 
@@ -18,13 +18,13 @@ from typing import Optional, Sequence
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_decorr import aggregation
-from tff_decorr import client_state
-from tff_decorr import config as config_lib
-from tff_decorr import experiment
-from tff_decorr import personalized
-from tff_decorr import program
-from tff_decorr import run_dir
+from tff_decorr.federated import aggregation
+from tff_decorr.run import client_state
+from tff_decorr.run import config as config_lib
+from tff_decorr.run import experiment
+from tff_decorr.run import personalized
+from tff_decorr.run import program
+from tff_decorr.run import run_dir
 
 
 def _versions() -> dict:
@@ -74,12 +74,12 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
           log=print) -> Optional[dict]:
   """Runs (or resumes) one configuration in `config.output_dir`; returns its summary.
 
-  `config` comes from `tff_decorr.config.resolve` (what bin/train does with its flags) or is
+  `config` comes from `tff_decorr.run.config.resolve` (what bin/train does with its flags) or is
   built directly. Re-running with the same configuration resumes after the last completed round.
   Returns None when the directory already holds more rounds than `config.rounds`. Raises
   ValueError (bad settings, unusable directory, program.CheckpointError), program.NonFiniteError,
   program.DiskFullError, program.Interrupted.
-  Exit codes and messages of these are mapped by `tff_decorr.cli.run_guarded`.
+  Exit codes and messages of these are mapped by `tff_decorr.run.cli.run_guarded`.
   """
   program.set_gpu_memory_growth()
   if config.runtime == 'auto':  # A Config built directly (config.resolve resolves it already).
@@ -130,13 +130,13 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
 
   on_round_end = None
   if config.track_collapse:
-    from tff_decorr import collapse_tracking  # pylint: disable=g-import-not-at-top
+    from tff_decorr.collapse import collapse_tracking  # pylint: disable=g-import-not-at-top
     on_round_end = collapse_tracking.tracker(exp, evaluator, test_ds, config.eval_every,
                                              config.rounds)
 
   before_round = None
   if save_local_models or config.track_collapse:
-    from tff_decorr import collapse_tracking  # pylint: disable=g-import-not-at-top
+    from tff_decorr.collapse import collapse_tracking  # pylint: disable=g-import-not-at-top
     before_round = collapse_tracking.LocalModels(exp, evaluator, test_ds,
                                                  save_local_models, local_rounds,
                                                  track=config.track_collapse)

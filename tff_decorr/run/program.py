@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_decorr import personalized
+from tff_decorr.run import personalized
 
 
 class CheckpointError(ValueError):
@@ -376,7 +376,7 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
   Args:
     runtime: object with `initialize()` and `run_round(server_state, client_inputs, client_states)`.
     algorithm: gives `global_weights(server_state)` and `initial_client_state(weights)`.
-    store: the per-client state store (`tff_decorr.client_state.ClientStateStore`); its manifest
+    store: the per-client state store (`tff_decorr.run.client_state.ClientStateStore`); its manifest
       is saved beside each checkpoint so a resumed run sees exactly that round's client states.
     evaluate_fn: (server state, round) -> dict of test metrics: scalars ('test_accuracy' is the
       headline: the global model's, or for a personalised algorithm the clients' own models'

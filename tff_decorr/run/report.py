@@ -1,13 +1,13 @@
 """A study's report (bin/report): a paper-style table, accuracy curves, collapse spectra, one page.
 
-The study's manifest (tff_decorr/study.py, study.json) says which runs belong to it and how they
+The study's manifest (tff_decorr/run/study.py, study.json) says which runs belong to it and how they
 differ; each run's own files say how far it got. A row of the table is one configuration of the
 grid with every seed folded in: mean and sample standard deviation (ddof=1, as papers report over
 seeds) of the final and best test accuracy of its *finished* runs only. A run that has not finished
 (not started, stopped part-way, failed) is listed in its row and drawn dotted in the curves, never
 averaged in.
 
-Spectra use the collapse measures of tff_decorr/analysis.py on each finished run's exported
+Spectra use the collapse measures of tff_decorr/collapse/analysis.py on each finished run's exported
 SavedModel over its task's test split, as bin/analyze computes them.
 """
 
@@ -25,8 +25,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tff_decorr import plots
-from tff_decorr import study
+from tff_decorr.collapse import plots
+from tff_decorr.run import study
 
 SEED = 'seed'
 BASELINE = 'none'  # The regulariser every other one is compared with.
@@ -167,7 +167,7 @@ def _curve_axes(axes: Sequence[str]) -> Tuple[List[str], List[str]]:
   """(axes told apart by line, axes told apart by panel): a panel compares algorithms and
   regularisers (with their own settings, e.g. --fedprox_mu) at one setting of everything else
   (the partition's --dirichlet_alpha, --client_lr, ...)."""
-  from tff_decorr import config  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import config  # pylint: disable=g-import-not-at-top
   own = {spec.name for kind, _, spec in config.component_flag_specs()
          if kind in ('algorithm', 'regularizer')}
   columns = [a for a in axes if a != SEED]
@@ -218,8 +218,8 @@ def add_spectra(runs: Sequence[Run], data_dir: Optional[str] = None,
   Returns notes on runs whose spectrum could not be computed (the rest of the report stands)."""
   # TensorFlow only when there is something to load: the table and curves need none.
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from tff_decorr import analysis  # pylint: disable=g-import-not-at-top
-  from tff_decorr import export  # pylint: disable=g-import-not-at-top
+  from tff_decorr.collapse import analysis  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import export  # pylint: disable=g-import-not-at-top
   notes = []
   datasets: Dict[tuple, Any] = {}
   for run in runs:

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 import numpy as np
 
-from tff_decorr import analysis
+from tff_decorr.collapse import analysis
 
 
 def _spectrum(sv: Any, name: str) -> np.ndarray:

@@ -9,7 +9,7 @@ settings, declared once as a frozen dataclass in their module (tff_decorr.hparam
 `resolve` turns explicitly given values into Configs: explicit > the task's paper defaults (keyed
 `'<component>.<field>'`) > the component's own defaults. The flag spellings used before the
 component flags existed (`--mu`, `--beta`, `--alpha`, ...) are accepted as aliases for one
-release (tff_decorr/deprecated_flags.py says which), and `from_dict` migrates config.json files
+release (tff_decorr/run/deprecated_flags.py says which), and `from_dict` migrates config.json files
 written with them, so old commands and run directories keep working; default run-directory names
 are hashed over that older flat form, so re-running an old command finds its old run.
 """
@@ -22,7 +22,7 @@ import json
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from tff_decorr import deprecated_flags
+from tff_decorr.run import deprecated_flags
 
 RUNTIMES = ('tff', 'tf')
 RUNTIME_CHOICES = ('auto',) + RUNTIMES  # 'auto': resolved by choose_runtime, never stored
@@ -92,7 +92,7 @@ def registry(kind: str):
     from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
     return partitions
   if kind == 'aggregator':
-    from tff_decorr import aggregation  # pylint: disable=g-import-not-at-top
+    from tff_decorr.federated import aggregation  # pylint: disable=g-import-not-at-top
     return aggregation
   raise ValueError(f'unknown component kind {kind!r}.')
 
@@ -213,7 +213,7 @@ def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[s
     generic: explicitly given generic settings {field: value}.
     components: explicitly given component settings {component: {field: value}} (from the
       `--<component>_<field>` flags); a setting of a component the run does not use is an error.
-    legacy: explicitly given old-style flags {name: value} (tff_decorr.deprecated_flags).
+    legacy: explicitly given old-style flags {name: value} (tff_decorr.run.deprecated_flags).
     regularizers: the regularisers, one Config each.
   """
   defaults = dict(task.defaults)
@@ -353,7 +353,7 @@ def directory_hash(config: Config, task, legacy: Mapping[str, Any]) -> str:
   key, each with the value the old resolution gave it), so an old command finds its old run;
   settings with no old key (a newly registered component's) are added under
   '<component>_<field>'."""
-  from tff_decorr import run_dir  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import run_dir  # pylint: disable=g-import-not-at-top
   defaults = dict(task.defaults)
 
   def setting(component, field, fallback):

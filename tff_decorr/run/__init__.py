@@ -1,0 +1,11 @@
+"""The run program: a configuration (config, its deprecated flag spellings), its composition
+(experiment), the round loop with checkpoints, metrics, evaluation and export (program,
+training, export, personalized, client_state, run_dir), what the binaries share (cli,
+tf_env), and grids of runs (study, report when present).
+
+Submodules are imported on first use (tff_decorr.lazy_submodules).
+"""
+
+from tff_decorr import lazy_submodules
+
+__getattr__ = lazy_submodules(__name__)
