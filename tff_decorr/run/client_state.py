@@ -18,36 +18,19 @@ from __future__ import annotations
 import io
 import json
 import os
-import tempfile
 import urllib.parse
 from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import tensorflow as tf
 
+from tff_decorr.run import run_dir
+
 MANIFEST_VERSION = 1
 
 
 class StateError(ValueError):
   """A saved client state cannot be used; the message says how to proceed."""
-
-
-def _atomic_write(path: str, write_fn) -> None:
-  directory = os.path.dirname(path) or '.'
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix='.tmp_', suffix=os.path.splitext(path)[1])
-  try:
-    with os.fdopen(fd, 'wb') as f:
-      write_fn(f)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException as e:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    if isinstance(e, OSError) and e.filename is None:  # Say which file could not be written.
-      raise OSError(e.errno, e.strerror, path) from e
-    raise
 
 
 class ClientStateStore:
@@ -107,7 +90,8 @@ class ClientStateStore:
     # half-closed ZipFile behind, whose finaliser would print a traceback.
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    _atomic_write(self._path(client_id, round_num), lambda f: f.write(buffer.getvalue()))
+    run_dir.atomic_write(self._path(client_id, round_num), lambda f: f.write(buffer.getvalue()),
+                         'wb')
     self._latest[client_id] = int(round_num)
 
   def manifest(self) -> dict:
@@ -118,7 +102,7 @@ class ClientStateStore:
     """Records the current version of every client (atomically), then prunes older versions,
     keeping every version at or after the one `keep` (an older manifest's clients) names."""
     data = json.dumps(self.manifest(), sort_keys=True).encode()
-    _atomic_write(path, lambda f: f.write(data))
+    run_dir.atomic_write(path, lambda f: f.write(data), 'wb')
     if prune:
       self._prune(keep or {})
 

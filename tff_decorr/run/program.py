@@ -31,6 +31,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_decorr.run import personalized
+from tff_decorr.run import run_dir
 
 
 class CheckpointError(ValueError):
@@ -189,19 +190,12 @@ def repair_metrics(output_dir: str, completed_round: int, log=print) -> None:
   out = {r: row for r, row in rows.items() if r <= completed_round}
   for r, values in rebuilt.items():
     out[r] = {'round': str(r), **{t: repr(v) for t, v in values.items()}}
-  tmp = f'{path}.tmp-{os.getpid()}'
-  try:
-    with open(tmp, 'w', newline='') as f:
-      writer = csv.DictWriter(f, fieldnames=fieldnames)
-      writer.writeheader()
-      writer.writerows(out[r] for r in sorted(out))
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+
+  def write(f):
+    writer = csv.DictWriter(f, fieldnames=fieldnames)
+    writer.writeheader()
+    writer.writerows(out[r] for r in sorted(out))
+  run_dir.atomic_write(path, write)
   if not missing:  # Only the row of a round that is run again was cut: nothing is lost.
     return
   cause = ('does not exist' if not existed else

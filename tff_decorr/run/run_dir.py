@@ -48,21 +48,33 @@ def config_path(output_dir: str) -> str:
   return os.path.join(output_dir, 'config.json')
 
 
-def write_json_atomic(path: str, value: Any) -> None:
-  """Writes JSON via a temporary file and an atomic rename: never a half-written file."""
+def atomic_write(path: str, write_fn, mode: str = 'w') -> None:
+  """Writes `path` with write_fn(file) into a temporary beside it (`<path>.tmp-<pid>`, which
+  clean_leftovers recognises), fsync, then an atomic rename: a crash or a full disk never leaves a
+  half-written file. An OSError names `path`, not the temporary. The one writer of run files
+  (config.json, summary.json, metrics.csv, client states and their manifests)."""
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
   tmp = f'{path}.tmp-{os.getpid()}'
   try:
-    with open(tmp, 'w') as f:
-      json.dump(value, f, indent=2, sort_keys=True, default=_json_default)
-      f.write('\n')
+    with open(tmp, mode, **({} if 'b' in mode else {'newline': ''})) as f:
+      write_fn(f)
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
-  except OSError as e:
+  except BaseException as e:
     if os.path.exists(tmp):
       os.remove(tmp)
-    raise OSError(e.errno, e.strerror, path) from e  # The file meant, not its temporary.
+    if isinstance(e, OSError):
+      raise OSError(e.errno, e.strerror, path) from e  # The file meant, not its temporary.
+    raise
+
+
+def write_json_atomic(path: str, value: Any) -> None:
+  """Writes JSON atomically (atomic_write): never a half-written file."""
+  def write(f):
+    json.dump(value, f, indent=2, sort_keys=True, default=_json_default)
+    f.write('\n')
+  atomic_write(path, write)
 
 
 def _json_default(value):
