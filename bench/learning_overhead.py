@@ -223,7 +223,8 @@ def main(argv):
   c = base.exp.config
   examples = sum(len(p) for p in base.exp.partition)
   report = {'bench': 'learning_overhead', 'task': c.task, 'model': base.exp.model_name,
-            'algorithm': c.algorithm, 'regularizer': c.regularizer, 'hparams': c.hparams,
+            'algorithm': c.algorithm, 'regularizer': c.regularizer,
+            'hparams': c.to_dict()['hparams'],
             'num_clients': c.num_clients, 'clients_per_round': c.clients_per_round,
             'local_epochs': c.local_epochs, 'batch_size': c.batch_size,
             'train_examples': examples, 'repeats': FLAGS.repeats, 'variants': names,

@@ -85,7 +85,8 @@ def main(argv):
   examples = sum(len(p) for p in runners['fedavg'].exp.partition)
   report = {'bench': 'overhead', 'scale': FLAGS.scale, 'runtime': FLAGS.runtime,
             'repeats': FLAGS.repeats, 'num_clients': c.num_clients, 'model': c.model,
-            'local_epochs': c.local_epochs, 'alpha': c.hparams['dirichlet']['alpha'], 'train_examples': examples,
+            'local_epochs': c.local_epochs, 'alpha': c.hparams['dirichlet'].alpha,
+            'train_examples': examples,
             'variants': {n: VARIANTS[n] for n in names}, 'machine': machine,
             'first_round_s': first, 'results': summary,
             'results_cpu': cpu_summary}

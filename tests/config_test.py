@@ -59,8 +59,8 @@ class ConfigTest(absltest.TestCase):
     (new,) = resolve(task='digits', num_clients=4, rounds=2, local_epochs=1, runtime='tf',
                      regularizer='feddecorr', output_dir='/o', cache_dir='/c')
     self.assertEqual(config.migrate_dict(OLD_CONFIG), new.to_dict())
-    self.assertEqual(new.hparams, {'fedavg': {}, 'feddecorr': {'beta': 0.1},
-                                   'dirichlet': {'alpha': 0.5}, 'mean': {}})
+    self.assertEqual(new.to_dict()['hparams'], {'fedavg': {}, 'feddecorr': {'beta': 0.1},
+                                                'dirichlet': {'alpha': 0.5}, 'mean': {}})
     self.assertEqual(new.aggregator, 'mean')
 
   def test_config_json_from_before_the_aggregator_resumes(self):
@@ -129,10 +129,10 @@ class ConfigTest(absltest.TestCase):
   def test_aggregator_settings_are_component_flags(self):
     (c,) = resolve(task='digits', regularizer='none', aggregator='dp', dp_noise_multiplier=0.3,
                    dp_clip=2.0)
-    self.assertEqual(c.hparams['dp'], {'noise_multiplier': 0.3, 'clip': 2.0, 'target_delta': 0.0,
-                                       'zeroing': True})
+    self.assertEqual(c.hparams['dp'].to_dict(), {'noise_multiplier': 0.3, 'clip': 2.0, 'target_delta': 0.0,
+                                                 'zeroing': True})
     (r,) = resolve(task='digits', regularizer='none', aggregator='robust', robust_clipping=False)
-    self.assertEqual(r.hparams['robust'], {'zeroing': True, 'clipping': False, 'weighted': True})
+    self.assertEqual(r.hparams['robust'].to_dict(), {'zeroing': True, 'clipping': False, 'weighted': True})
     # A different aggregator is a different run: its own default directory.
     (m,) = resolve(task='digits', regularizer='none')
     self.assertNotEqual(c.output_dir, m.output_dir)
@@ -167,7 +167,7 @@ class ConfigTest(absltest.TestCase):
     (new,) = resolve(algorithm='moon', moon_mu=0.7, moon_temperature=0.2,
                      regularizer='feddecorr', feddecorr_beta=0.3, dirichlet_alpha=0.2)
     self.assertEqual(old.hparams, new.hparams)
-    self.assertEqual(new.hparams['moon'], {'mu': 0.7, 'temperature': 0.2})
+    self.assertEqual(new.hparams['moon'].to_dict(), {'mu': 0.7, 'temperature': 0.2})
 
   def test_each_value_is_checked_where_it_is_declared(self):
     with self.assertRaisesRegex(ValueError, '--fedprox_mu: must be >= 0.0'):
@@ -178,15 +178,39 @@ class ConfigTest(absltest.TestCase):
       resolve(algorithm='fedavgm', fedavgm_server_lr=0.5)
     # alpha = inf is the IID limit of the Dirichlet partition, in both spellings.
     (c,) = resolve(regularizer='none', dirichlet_alpha=float('inf'))
-    self.assertEqual(c.hparams['dirichlet']['alpha'], float('inf'))
+    self.assertEqual(c.hparams['dirichlet'].alpha, float('inf'))
     with flagsaver.flagsaver():
       train.FLAGS(['train', '--alpha=inf', '--regularizer=none'])
       (c,) = train.resolve_configs(train.FLAGS)
-    self.assertEqual(c.hparams['dirichlet']['alpha'], float('inf'))
+    self.assertEqual(c.hparams['dirichlet'].alpha, float('inf'))
+
+  def test_configuration_is_resolved_into_typed_objects(self):
+    from tff_decorr import algorithms  # pylint: disable=g-import-not-at-top
+    from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
+    (c,) = resolve(algorithm='fedprox', fedprox_mu=0.25, regularizer='none', client_lr=0.05,
+                   momentum=0.5, weight_decay=0.0)
+    self.assertIsInstance(c.hparams['fedprox'], algorithms.hparams_class('fedprox'))
+    self.assertEqual(c.hparams['fedprox'].mu, 0.25)
+    self.assertIsInstance(c.component_hparams('partition'), partitions.hparams_class('dirichlet'))
+    self.assertEqual(c.client_optimizer,
+                     algorithms.ClientConfig(lr=0.05, momentum=0.5, weight_decay=0.0))
+    # config.json's plain form round-trips to equal typed objects; a hand-edited bad value is
+    # refused when the Config is made, naming the flag.
+    self.assertEqual(config.from_dict(c.to_dict()), c)
+    bad = c.to_dict()
+    bad['hparams']['fedprox']['mu'] = -1.0
+    with self.assertRaisesRegex(ValueError, '^--fedprox_mu: must be >= 0.0, got -1.0.$'):
+      config.from_dict(bad)
+    for flag, value, message in (('client_lr', 0.0, 'must be > 0.0'),
+                                 ('momentum', 1.0, 'must be < 1.0'),
+                                 ('weight_decay', -1e-4, 'must be >= 0.0'),
+                                 ('client_lr', float('inf'), 'must be a finite number')):
+      with self.assertRaisesRegex(ValueError, f'^--{flag}: {message}'):
+        resolve(regularizer='none', **{flag: value})
 
   def test_make_builds_without_flags(self):
     c = config.make(task='digits', algorithm='fedprox', fedprox_mu=0.1, regularizer='none')
-    self.assertEqual(c.hparams['fedprox'], {'mu': 0.1})
+    self.assertEqual(c.hparams['fedprox'].to_dict(), {'mu': 0.1})
     self.assertEqual(c.rounds, 15)  # The task's default.
     with self.assertRaisesRegex(ValueError, 'unknown setting.*beta'):
       config.make(beta=0.1)

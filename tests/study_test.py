@@ -256,7 +256,7 @@ class StudyCliTest(absltest.TestCase):
     self.assertLen(errors, 4)  # Three bad cells (of four) and the count.
     self.assertIn('cell 2 of 4 (--algorithm=fedavg ', errors[0])
     self.assertIn(' --client_lr=-1 ', errors[0])
-    self.assertTrue(errors[0].endswith('): --client_lr: must be > 0, got -1.0.'), errors[0])
+    self.assertTrue(errors[0].endswith('): --client_lr: must be > 0.0, got -1.0.'), errors[0])
     for line in errors[1:3]:
       self.assertIn('--algorithm=fedfoo', line)
       self.assertIn('flag --algorithm=fedfoo: value should be one of', line)

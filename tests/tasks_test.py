@@ -79,7 +79,7 @@ def _setting(config, key):
   """A generic field ('rounds') or a component setting ('dirichlet.alpha') of a Config."""
   if '.' in key:
     component, field = key.split('.')
-    return config.hparams[component][field]
+    return getattr(config.hparams[component], field)
   return getattr(config, key)
 
 
@@ -135,13 +135,13 @@ class ResolvedSettingsTest(absltest.TestCase):
       self.assertEqual(task.augmentation, augmentation[name], name)
       np.testing.assert_allclose(task.mean, normalisation[name][0], rtol=1e-12, err_msg=name)
       np.testing.assert_allclose(task.std, normalisation[name][1], rtol=1e-12, err_msg=name)
-      self.assertEqual(self._resolve(task=name, algorithm='fedprox').hparams['fedprox'],
+      self.assertEqual(self._resolve(task=name, algorithm='fedprox').hparams['fedprox'].to_dict(),
                        {'mu': 1e-3}, name)
       moon = self._resolve(task=name, algorithm='moon')
-      self.assertEqual(moon.hparams['moon'], {'mu': 1.0, 'temperature': 0.5}, name)
+      self.assertEqual(moon.hparams['moon'].to_dict(), {'mu': 1.0, 'temperature': 0.5}, name)
       if name in server_momentum:
         fedavgm = self._resolve(task=name, algorithm='fedavgm').hparams['fedavgm']
-        self.assertEqual(fedavgm['server_momentum'], server_momentum[name], name)
+        self.assertEqual(fedavgm.server_momentum, server_momentum[name], name)
 
   def test_explicit_projection_dim_wins(self):
     self.assertEqual(self._resolve(task='cifar10', algorithm='moon', projection_dim=64)

@@ -47,8 +47,11 @@ class HParams:
 
   @classmethod
   def flag_name(cls, name: str) -> str:
+    """`<component>_<field>` (or the field's `flag` suffix); a class without a component (the
+    client optimiser's settings, generic flags) is named by the field or its `flag`."""
     f = {f.name: f for f in dataclasses.fields(cls)}[name]
-    return f'{cls.component}_{f.metadata.get("flag") or f.name}'
+    suffix = f.metadata.get('flag') or f.name
+    return f'{cls.component}_{suffix}' if cls.component else suffix
 
   @classmethod
   def from_mapping(cls, values: Mapping[str, Any]) -> 'HParams':

@@ -26,6 +26,7 @@ from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import tensorflow as tf
 
+from tff_decorr import hparams
 from tff_decorr.algorithms.workspace import Workspace
 
 # (representation, logits) -> scalar, already multiplied by its coefficient (what
@@ -40,19 +41,18 @@ METRIC_NAMES = ('loss_sum', 'ce_sum', 'reg_sum', 'extra_sum', 'correct', 'exampl
 
 
 @dataclasses.dataclass(frozen=True)
-class ClientConfig:
-  """Local optimisation hyper-parameters (the reference's per-client SGD)."""
-  lr: float = 0.01
-  momentum: float = 0.9
-  weight_decay: float = 1e-5
+class ClientConfig(hparams.HParams):
+  """The client optimiser: the reference's per-client SGD (coupled L2, PyTorch-style momentum).
 
-  def __post_init__(self):
-    if not self.lr > 0:
-      raise ValueError(f'lr must be > 0, got {self.lr!r}.')
-    if not 0 <= self.momentum < 1:
-      raise ValueError(f'momentum must be in [0, 1), got {self.momentum!r}.')
-    if self.weight_decay < 0:
-      raise ValueError(f'weight_decay must be >= 0, got {self.weight_decay!r}.')
+  Declared like every component's settings (tff_decorr.hparams): one place for defaults, help and
+  validation, whose errors name bin/train's flags (`--client_lr`, `--momentum`, `--weight_decay`);
+  a run's Config builds it once (`Config.client_optimizer`)."""
+  lr: float = hparams.field(0.01, 'Client SGD learning rate.', minimum=0.0, min_exclusive=True,
+                            flag='client_lr')
+  momentum: float = hparams.field(0.9, 'Client SGD momentum (PyTorch form: buf = m buf + g).',
+                                  minimum=0.0, maximum=1.0, max_exclusive=True)
+  weight_decay: float = hparams.field(1e-5, 'Client L2 weight decay, PyTorch-style (coupled: '
+                                      'g += wd w).', minimum=0.0)
 
 
 def effective_steps(num_steps: tf.Tensor, momentum: float) -> tf.Tensor:

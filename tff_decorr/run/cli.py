@@ -151,6 +151,7 @@ def define_train_flags(fv) -> list:
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   from tff_decorr.federated import aggregation  # pylint: disable=g-import-not-at-top
   from tff_decorr import algorithms  # pylint: disable=g-import-not-at-top
+  from tff_decorr import hparams  # pylint: disable=g-import-not-at-top
   from tff_decorr import models  # pylint: disable=g-import-not-at-top
   from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
   from tff_decorr import regularizers  # pylint: disable=g-import-not-at-top
@@ -174,9 +175,10 @@ def define_train_flags(fv) -> list:
   flags.DEFINE_integer('rounds', None, f'Communication rounds ({_T}).', **d)
   flags.DEFINE_integer('local_epochs', None, f'Local epochs per round ({_T}).', **d)
   flags.DEFINE_integer('batch_size', None, f'Client batch size ({_T}).', **d)
-  flags.DEFINE_float('client_lr', None, f'Client SGD learning rate ({_T}).', **d)
-  flags.DEFINE_float('momentum', None, f'Client SGD momentum ({_T}).', **d)
-  flags.DEFINE_float('weight_decay', None, f'Client L2 weight decay, PyTorch-style ({_T}).', **d)
+  # The client optimiser's flags (--client_lr, --momentum, --weight_decay) from its one
+  # declaration, algorithms.ClientConfig.
+  for spec in hparams.flag_specs(algorithms.ClientConfig):
+    flags.DEFINE_float(spec.name, None, f'{spec.help.rstrip(".")} ({_T}).', **d)
   flags.DEFINE_integer('seed', 0, 'Seed of partition, initial model, sampling and augmentation.',
                        **d)
   flags.DEFINE_integer('projection_dim', None, 'Projection head width, for algorithms that use '

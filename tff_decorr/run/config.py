@@ -3,8 +3,11 @@
 `Config` holds what every run has (task, model, clients, rounds, the client optimiser, seed,
 runtime, paths). The chosen algorithm, regulariser, partition and aggregator each own their
 settings, declared once as a frozen dataclass in their module (tff_decorr.hparams);
-`Config.hparams` holds the chosen components' complete settings by component name, e.g.
-`{'fedprox': {'mu': 0.001}, 'feddecorr': {'beta': 0.1}, 'dirichlet': {'alpha': 0.5}, 'mean': {}}`.
+`Config.hparams` holds the chosen components' complete, validated settings by component name, as
+those typed objects (`FedProx.HParams(mu=0.001)`, `Dirichlet.HParams(alpha=0.5)`, ...); config.json
+holds their plain form, e.g. `{'fedprox': {'mu': 0.001}, 'dirichlet': {'alpha': 0.5}, 'mean': {}}`.
+The client optimiser is a typed object as well (`Config.client_optimizer`, an
+`algorithms.ClientConfig`) built from the generic `client_lr`, `momentum` and `weight_decay`.
 
 `resolve` turns explicitly given values into Configs: explicit > the task's paper defaults (keyed
 `'<component>.<field>'`) > the component's own defaults. The flag spellings used before the
@@ -19,10 +22,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, TYPE_CHECKING
 
 from tff_decorr.run import deprecated_flags
+
+if TYPE_CHECKING:  # Imported lazily below: they import TensorFlow, config stays cheap to import.
+  from tff_decorr.algorithms.client_update import ClientConfig
+  from tff_decorr.hparams import HParams
 
 RUNTIMES = ('tff', 'tf')
 RUNTIME_CHOICES = ('auto',) + RUNTIMES  # 'auto': resolved by choose_runtime, never stored
@@ -67,16 +73,38 @@ class Config:
   workers: str = ''
   max_concurrent_computation_calls: int = -1
   track_collapse: bool = False
-  hparams: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)
+  # {component name: its HParams}. Plain mappings (config.json, code building a Config by hand)
+  # are turned into the chosen components' HParams, validated, when the Config is made.
+  hparams: Dict[str, 'HParams'] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    self.hparams = dict(self.hparams)
+    for kind in KINDS:
+      name = getattr(self, kind)
+      value = self.hparams.get(name)
+      if isinstance(value, Mapping) and name in registry(kind).names():  # (registry: lazily)
+        self.hparams[name] = registry(kind).hparams_class(name).from_mapping(value)
 
   def to_dict(self) -> dict:
+    """The plain form config.json holds (each HParams as {field: value})."""
     return dataclasses.asdict(self)
 
-  def component_hparams(self, kind: str):
-    """The HParams instance of the run's 'algorithm', 'regularizer', 'partition' or
-    'aggregator'."""
+  def component_hparams(self, kind: str) -> 'HParams':
+    """The HParams of the run's 'algorithm', 'regularizer', 'partition' or 'aggregator' (its
+    defaults when the Config holds none for it)."""
     name = getattr(self, kind)
-    return registry(kind).hparams_class(name).from_mapping(self.hparams.get(name, {}))
+    value = self.hparams.get(name)
+    if value is None or isinstance(value, Mapping):
+      return registry(kind).hparams_class(name).from_mapping(value or {})
+    return value
+
+  @property
+  def client_optimizer(self) -> 'ClientConfig':
+    """The client optimiser (the reference's SGD), validated: errors name --client_lr,
+    --momentum or --weight_decay."""
+    from tff_decorr.algorithms import client_update  # pylint: disable=g-import-not-at-top
+    return client_update.ClientConfig(lr=self.client_lr, momentum=self.momentum,
+                                      weight_decay=self.weight_decay)
 
 
 def registry(kind: str):
@@ -150,15 +178,7 @@ def validate(c: Config) -> None:
   if c.clients_per_round > c.num_clients:
     bad('clients_per_round', f'{c.clients_per_round} is more than --num_clients='
         f'{c.num_clients}; sample at most every client.')
-  for flag in ('client_lr', 'momentum', 'weight_decay'):
-    if not math.isfinite(getattr(c, flag)):  # inf/NaN would train a NaN model and exit 0.
-      bad(flag, f'must be a finite number, got {getattr(c, flag)}.')
-  if not c.client_lr > 0:
-    bad('client_lr', f'must be > 0, got {c.client_lr}.')
-  if not 0 <= c.momentum < 1:
-    bad('momentum', f'must be in [0, 1), got {c.momentum}.')
-  if c.weight_decay < 0:
-    bad('weight_decay', f'must be >= 0, got {c.weight_decay}.')
+  c.client_optimizer  # pylint: disable=pointless-statement  (validates: errors name the flags)
   if c.export_every < 0:
     bad('export_every', f'must be >= 0, got {c.export_every}.')
   if not 0 <= int(c.seed) < 2 ** 32:
@@ -281,14 +301,14 @@ def _explicit_settings(components, legacy, warn) -> Dict[str, Dict[str, Any]]:
   return explicit
 
 
-def _component_settings(kind, name, explicit, task_defaults) -> Dict[str, Any]:
+def _component_settings(kind, name, explicit, task_defaults) -> 'HParams':
   """Explicit > task default ('<name>.<field>') > the component's own default."""
   cls = registry(kind).hparams_class(name)
   out = {}
   for f in dataclasses.fields(cls):
     out[f.name] = explicit.get(name, {}).get(
         f.name, task_defaults.get(f'{name}.{f.name}', f.default))
-  return cls.from_mapping(out).to_dict()  # Validated; normalised (e.g. fedavgm form aliases).
+  return cls.from_mapping(out)  # Validated; normalised (e.g. fedavgm form aliases).
 
 
 def from_dict(d: Mapping[str, Any]) -> Config:
@@ -358,7 +378,7 @@ def directory_hash(config: Config, task, legacy: Mapping[str, Any]) -> str:
 
   def setting(component, field, fallback):
     if component in config.hparams:
-      return config.hparams[component][field]
+      return getattr(config.hparams[component], field)
     for old, targets in LEGACY_ALIASES.items():  # An old flag given for an unused component.
       if f'{component}.{field}' in targets and legacy.get(old) is not None:
         return legacy[old]
@@ -390,7 +410,7 @@ def directory_hash(config: Config, task, legacy: Mapping[str, Any]) -> str:
       'coefficient_period': setting('fedavg_decomposed', 'coefficient_period', 1),
   })
   known = {t for ts in LEGACY_ALIASES.values() for t in ts} | set(_LEGACY_SAME.values())
-  for component, fields in config.hparams.items():
+  for component, fields in config.to_dict()['hparams'].items():
     for field, value in fields.items():
       if f'{component}.{field}' not in known:
         flat[f'{component}_{field}'] = value

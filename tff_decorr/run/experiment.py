@@ -22,7 +22,6 @@ from tff_decorr.run import export
 from tff_decorr import models
 from tff_decorr import partitions
 from tff_decorr import regularizers
-from tff_decorr.algorithms.client_update import ClientConfig
 
 
 class Experiment:
@@ -47,11 +46,10 @@ class Experiment:
     self.regularizer = regularizers.get(c.regularizer, c.component_hparams('regularizer'))
     # Local epochs live in the client dataset (tasks.client_data): each epoch's order is a stateless
     # function of (seed, epoch), identical in both runtimes, so the update loop makes one pass.
-    client_config = ClientConfig(lr=float(c.client_lr),
-                                 momentum=float(c.momentum), weight_decay=float(c.weight_decay))
     tf.keras.utils.set_random_seed(c.seed)  # The initial global model depends only on the seed.
-    self.algorithm = algorithms.build(c.algorithm, self.model_fn, client_config, self.regularizer,
-                                      c.component_hparams('algorithm'), num_clients=c.num_clients)
+    self.algorithm = algorithms.build(c.algorithm, self.model_fn, c.client_optimizer,
+                                      self.regularizer, c.component_hparams('algorithm'),
+                                      num_clients=c.num_clients)
     # The tff.aggregators factory of --aggregator (None: the runtimes' plain sum). Built here, so
     # a bad setting fails before the run directory is written.
     self.aggregator = aggregation.build(
@@ -73,7 +71,7 @@ class Experiment:
     parts = partitions.split(c.partition, data, c.num_clients, c.seed,
                              c.component_hparams('partition'))
     key = hashlib.sha256(json.dumps({
-        'task': c.task, 'partition': c.partition, 'settings': c.hparams.get(c.partition, {}),
+        'task': c.task, 'partition': c.partition, 'settings': c.component_hparams('partition').to_dict(),
         'seed': c.seed, 'num_clients': c.num_clients, 'n': int(n)},
         sort_keys=True).encode()).hexdigest()[:12]
     cache_root = c.cache_dir or os.path.join(os.path.expanduser('~'), '.cache', 'tff_decorr')
