@@ -47,44 +47,39 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 from bench import _common  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list('algorithms', [], 'Algorithms (default: every registered one).')
-flags.DEFINE_list('aggregators', [], 'Aggregators (default: every registered one).')
-flags.DEFINE_list('runtimes', ['tff', 'tf'], 'Runtimes.')
-flags.DEFINE_list('seeds', ['0'], 'Seeds; a trained cell reports the mean over them.')
-flags.DEFINE_integer('rounds', 5, 'Rounds per trained cell.')
-flags.DEFINE_integer('num_clients', 10, 'Clients (all sampled every round).')
-flags.DEFINE_integer('local_epochs', 0, 'Local epochs per round (0: the task default, 5).')
-flags.DEFINE_float('momentum', 0.9, 'Client SGD momentum.')
-flags.DEFINE_string('regularizer', 'feddecorr', 'Regulariser of every cell.')
-flags.DEFINE_float('dp_noise_multiplier', 0.01, 'Noise multiplier of --aggregator=dp cells.')
-flags.DEFINE_float('dp_clip', 1.0, 'Fixed L2 clip of --aggregator=dp cells.')
-flags.DEFINE_string('output_name', 'matrix', 'bench/results/<name>.json.')
 
 CHANCE = 0.1  # digits: 10 balanced classes.
 
 
-def cell_settings(algorithm: str, aggregator: str, runtime: str, seed: int) -> dict:
-  """The config.make keywords of one cell: the embedded default plus what the cell needs, read from
-  the algorithm's declared attributes and the aggregator's name."""
+def cell_settings(algorithm: str, aggregator: str, runtime: str, base: dict, dp: dict) -> dict:
+  """The config.make keywords of one cell: `base` (the settings every cell shares) plus what the
+  cell needs, read from the algorithm's declared attributes (requires_decomposed) and the
+  aggregator (`dp`: DP's settings by flag name). Shared with tests/matrix_test.py."""
   from tff_decorr import algorithms  # pylint: disable=g-import-not-at-top
-  cls = algorithms.algorithm_class(algorithm)
-  settings = dict(task='digits', algorithm=algorithm, aggregator=aggregator, runtime=runtime,
-                  regularizer=FLAGS.regularizer, momentum=FLAGS.momentum, rounds=FLAGS.rounds,
-                  num_clients=FLAGS.num_clients, clients_per_round=FLAGS.num_clients, seed=seed,
-                  eval_every=FLAGS.rounds,
-                  cache_dir=os.path.join(tempfile.gettempdir(), 'tff_decorr_matrix_cache'))
-  if FLAGS.local_epochs:
-    settings['local_epochs'] = FLAGS.local_epochs
-  if cls.requires_decomposed:
+  settings = dict(base, algorithm=algorithm, aggregator=aggregator, runtime=runtime)
+  if algorithms.algorithm_class(algorithm).requires_decomposed:
     settings['decomposed'] = True
   if aggregator == 'dp':
-    settings.update(dp_clip=FLAGS.dp_clip, dp_noise_multiplier=FLAGS.dp_noise_multiplier)
+    settings.update(dp)
   return settings
 
 
+def _flag_settings(algorithm: str, aggregator: str, runtime: str, seed: int) -> dict:
+  """cell_settings at this invocation's flags."""
+  base = dict(task='digits', regularizer=FLAGS.regularizer, momentum=FLAGS.momentum,
+              rounds=FLAGS.rounds, num_clients=FLAGS.num_clients,
+              clients_per_round=FLAGS.num_clients, seed=seed, eval_every=FLAGS.rounds,
+              cache_dir=os.path.join(tempfile.gettempdir(), 'tff_decorr_matrix_cache'))
+  if FLAGS.local_epochs:
+    base['local_epochs'] = FLAGS.local_epochs
+  return cell_settings(algorithm, aggregator, runtime, base,
+                       dict(dp_clip=FLAGS.dp_clip, dp_noise_multiplier=FLAGS.dp_noise_multiplier))
+
+
 def unvalidated(settings: dict):
-  """The cell's Config as a hand-written config.json would give it, skipping `config.make`'s
-  validation: the same combination resolved with the plain sum and put back afterwards."""
+  """The cell's Config as a hand-written config.json (or code building a Config directly) would
+  give it, skipping `config.make`'s validation: the same combination resolved with the plain sum
+  and the aggregator put back afterwards, with its settings."""
   from tff_decorr.federated import aggregation  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
   base = {k: v for k, v in settings.items() if not k.startswith(settings['aggregator'] + '_')}
@@ -92,7 +87,7 @@ def unvalidated(settings: dict):
   hparams = {k: v for k, v in c.hparams.items() if k != 'mean'}
   agg = settings['aggregator']
   given = {k[len(agg) + 1:]: v for k, v in settings.items() if k.startswith(agg + '_')}
-  hparams[agg] = aggregation.hparams_class(agg).from_mapping(given).to_dict()
+  hparams[agg] = aggregation.hparams_class(agg).from_mapping(given)
   return dataclasses.replace(c, aggregator=agg, runtime=settings['runtime'], hparams=hparams)
 
 
@@ -117,18 +112,18 @@ def run_cell(algorithm: str, aggregator: str, runtime: str, seeds, root: str) ->
   from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
   out = os.path.join(root, f'{algorithm}-{aggregator}-{runtime}')
   try:
-    config = config_lib.make(**cell_settings(algorithm, aggregator, runtime, seeds[0]),
+    config = config_lib.make(**_flag_settings(algorithm, aggregator, runtime, seeds[0]),
                              output_dir=out)
   except ValueError as e:
     reason = str(e)
-    program_reason = refused_by_program(cell_settings(algorithm, aggregator, runtime, seeds[0]),
-                                        out)
+    program_reason = refused_by_program(
+        _flag_settings(algorithm, aggregator, runtime, seeds[0]), out)
     return {'status': 'refused', 'stage': 'config', 'reason': reason,
             'program_reason': program_reason, 'same_reason': program_reason == reason,
             'nothing_written': not os.path.exists(out)}
   runs = []
   for seed in seeds:
-    config = config_lib.make(**cell_settings(algorithm, aggregator, runtime, seed),
+    config = config_lib.make(**_flag_settings(algorithm, aggregator, runtime, seed),
                              output_dir=f'{out}-seed{seed}')
     t0 = time.time()
     try:
@@ -253,5 +248,22 @@ def main(argv):
         f'process still running: {tff_context.worker_pids()}')
 
 
+def define_flags() -> None:
+  # Defined only when run as a program: tests/matrix_test.py imports cell_settings and unvalidated.
+  flags.DEFINE_list('algorithms', [], 'Algorithms (default: every registered one).')
+  flags.DEFINE_list('aggregators', [], 'Aggregators (default: every registered one).')
+  flags.DEFINE_list('runtimes', ['tff', 'tf'], 'Runtimes.')
+  flags.DEFINE_list('seeds', ['0'], 'Seeds; a trained cell reports the mean over them.')
+  flags.DEFINE_integer('rounds', 5, 'Rounds per trained cell.')
+  flags.DEFINE_integer('num_clients', 10, 'Clients (all sampled every round).')
+  flags.DEFINE_integer('local_epochs', 0, 'Local epochs per round (0: the task default, 5).')
+  flags.DEFINE_float('momentum', 0.9, 'Client SGD momentum.')
+  flags.DEFINE_string('regularizer', 'feddecorr', 'Regulariser of every cell.')
+  flags.DEFINE_float('dp_noise_multiplier', 0.01, 'Noise multiplier of --aggregator=dp cells.')
+  flags.DEFINE_float('dp_clip', 1.0, 'Fixed L2 clip of --aggregator=dp cells.')
+  flags.DEFINE_string('output_name', 'matrix', 'bench/results/<name>.json.')
+
+
 if __name__ == '__main__':
+  define_flags()
   app.run(main)

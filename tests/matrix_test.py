@@ -27,6 +27,7 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow_federated as tff
 
+from bench import matrix
 from tff_decorr import algorithms
 from tff_decorr.federated import aggregation
 from tff_decorr.federated import tff_context
@@ -56,29 +57,10 @@ TRAINED_FACTORY_CELLS = (('fedavg', 'dp'), ('scaffold', 'robust'))
 
 
 def settings(algorithm, aggregator, runtime, cache_dir):
-  """The config.make keywords of a cell: what it needs follows from the algorithm's declared
-  attributes (requires_decomposed) and the aggregator (DP's clip and noise)."""
-  s = dict(SMALLEST, algorithm=algorithm, aggregator=aggregator, runtime=runtime,
-           cache_dir=cache_dir)
-  if algorithms.algorithm_class(algorithm).requires_decomposed:
-    s['decomposed'] = True
-  if aggregator == 'dp':
-    s.update(DP_SETTINGS)
-  return s
-
-
-def unvalidated(s):
-  """The cell's Config without config.make's validation (as a hand-edited config.json or code
-  building a Config directly would give it): resolved with the plain sum, the aggregator put back
-  with its settings."""
-  agg = s['aggregator']
-  prefix = agg + '_'
-  c = config.make(**{**{k: v for k, v in s.items() if not k.startswith(prefix)},
-                     'aggregator': 'mean', 'runtime': 'tff'})
-  hparams = {k: v for k, v in c.hparams.items() if k != 'mean'}
-  hparams[agg] = aggregation.hparams_class(agg).from_mapping(
-      {k[len(prefix):]: v for k, v in s.items() if k.startswith(prefix)}).to_dict()
-  return dataclasses.replace(c, aggregator=agg, runtime=s['runtime'], hparams=hparams)
+  """The config.make keywords of a cell, as bench/matrix.py makes them (what a cell needs follows
+  from the algorithm's declared attributes and the aggregator)."""
+  return matrix.cell_settings(algorithm, aggregator, runtime,
+                              dict(SMALLEST, cache_dir=cache_dir), DP_SETTINGS)
 
 
 class MatrixTest(absltest.TestCase):
@@ -132,7 +114,8 @@ class MatrixTest(absltest.TestCase):
         # The training program refuses the same combination when it skipped config.make, with
         # the same message, and leaves no directory behind.
         out = os.path.join(self.tmp, f'refused-{alg}-{agg}-{rt}')
-        c = dataclasses.replace(unvalidated(settings(alg, agg, rt, self.cache)), output_dir=out)
+        c = dataclasses.replace(matrix.unvalidated(settings(alg, agg, rt, self.cache)),
+                                output_dir=out)
         with self.assertRaises(ValueError) as raised:
           training.train(c, log=lambda s: None)
         tff_context.stop_all()
