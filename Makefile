@@ -1,7 +1,8 @@
 # Two commands do everything on a fresh Debian machine with Python 3.11:
 #   make train   set up, then run the main job (bazel run //bin:train; pass flags with ARGS="...")
 #   make test    set up, then run the whole test suite (bazel test //...)
-# `make setup` alone installs system packages (apt), creates .venv and installs the pinned lock.
+# `make setup` alone installs system packages (apt), creates .venv, installs the pinned lock and
+# builds the library that keeps TFF's worker on loopback (tff_decorr/federated/loopback.py).
 
 SHELL := /bin/bash
 VENV := .venv
@@ -21,6 +22,7 @@ setup: system-packages venv
 system-packages:
 	@missing=""; \
 	command -v bazel >/dev/null || missing="$$missing bazel-bootstrap"; \
+	command -v cc >/dev/null || missing="$$missing gcc libc6-dev"; \
 	command -v $(firstword $(PYTHON311) python3) >/dev/null || missing="$$missing python3 python3-venv"; \
 	[ -x "$(PY)" ] || $(PYTHON311) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
@@ -41,6 +43,8 @@ venv:
 	  $(PY) -c 'import importlib.util as u, tensorflow, tensorflow_datasets, matplotlib; assert u.find_spec("tensorflow_federated")' && \
 	  echo "$$want" > $(STAMP); \
 	else echo "setup: $(VENV) is up to date"; fi
+	@# The library that keeps TFF's worker on loopback (tff_decorr/federated/loopback.py).
+	@$(PY) -m tff_decorr.federated.loopback >/dev/null
 
 train: setup
 	bazel run //bin:train -- $(ARGS)

@@ -69,6 +69,39 @@ def _logits(saved_model_dir):
 
 class RemoteWorkersTest(absltest.TestCase):
 
+  def test_workers_listen_on_loopback_only(self):
+    for proc in self.workers:
+      (binary,) = _binaries_of(proc)
+      sockets = testutil.listening(binary)
+      self.assertNotEmpty(sockets)
+      for host, port in sockets:
+        self.assertTrue(testutil.loopback(host), f'bin.worker listens on {host}:{port}')
+
+  def test_listen_all_is_explicit_and_warns(self):
+    port = portpicker.pick_unused_port()
+    proc = subprocess.Popen([_python(), '-m', 'bin.worker', f'--port={port}', '--listen_all',
+                             f'--log={os.path.join(self.tmp, "all.log")}'],
+                            cwd=testutil.REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+      warning = ''
+      for _ in range(50):  # TensorFlow's start-up lines come first
+        warning = proc.stderr.readline()
+        if 'WARNING: --listen_all' in warning or not warning:
+          break
+      self.assertIn('WARNING: --listen_all', warning)
+      self.assertIn('unauthenticated', warning)
+      self.assertIn('every interface', proc.stdout.readline())
+      (binary,) = _binaries_of(proc)
+      hosts = [h for h, _ in testutil.listening(binary)]
+      self.assertNotEmpty(hosts)
+      self.assertFalse(any(testutil.loopback(h) for h in hosts), hosts)
+    finally:
+      proc.kill()  # at once: nothing connects to it
+      proc.wait()
+      proc.stdout.close()
+      proc.stderr.close()
+
   def setUp(self):
     super().setUp()
     self.tmp = tempfile.mkdtemp(prefix='remote_workers_test_')

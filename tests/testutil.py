@@ -1,8 +1,12 @@
 """Helpers shared by the tests: where the repository and the shared test data are."""
 
+import ipaddress
 import os
 import subprocess
 import sys
+import time
+
+import psutil
 
 # Resolve through Bazel's runfiles symlinks to the source tree.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
@@ -46,3 +50,76 @@ def processes_holding(path: str) -> list[int]:
     except OSError:
       continue
   return pids
+
+
+def listening(pid: int, timeout: float = 15.0) -> list[tuple[str, int]]:
+  """(address, port) of the TCP sockets process `pid` listens on, read by psutil from /proc (not
+  by the project's own reader); waits up to `timeout` s for the first one."""
+  deadline = time.monotonic() + timeout
+  while True:
+    found = [(c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections(kind='tcp')
+             if c.status == psutil.CONN_LISTEN]
+    if found or time.monotonic() > deadline:
+      return found
+    time.sleep(0.1)
+
+
+def loopback(host: str) -> bool:
+  """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback (::ffff:127.0.0.1)."""
+  address = ipaddress.ip_address(host)
+  mapped = getattr(address, 'ipv4_mapped', None)
+  return (mapped or address).is_loopback
+
+
+def dp_epsilon_reference(releases, delta: float) -> float:
+  """epsilon of Gaussian releases on uniformly subsampled clients, without replacement, under
+  replace-one neighbours, written here from the papers, independently of dp_accounting:
+
+  - RDP of one release at integer order a (Wang, Balle & Kasiviswanathan, "Subsampled Renyi
+    Differential Privacy and Analytical Moments Accountant", AISTATS 2019, Theorem 9) with the
+    Gaussian's eps(j) = j / (2 s^2) and eps(inf) = inf:
+    (1/(a-1)) log(1 + g^2 C(a,2) min(4 (e^eps(2) - 1), 2 e^eps(2))
+                  + sum_{j=3..a} g^j C(a,j) 2 e^((j-1) eps(j))),  g = m / N;
+    at a fractional order, the linear interpolation of (a-1) RDP(a) between the neighbouring
+    integers (their Corollary 10);
+  - s = z / 2: the sum of clipped updates has replace-one sensitivity 2C and noise z C;
+  - releases compose by adding RDP; (epsilon, delta) by Canonne, Kamath & Steinke 2020
+    (Proposition 12 of arXiv 2004.00010): eps = RDP + log(1 - 1/a) - log(delta a) / (a - 1),
+    minimised over the orders 1.1..10.9 (step 0.1), 11..63, 128, 256, 512, 1024.
+
+  `releases`: (noise_multiplier z, clients_per_round m, num_clients N, count). Theorem 9 is at
+  least the strengthened bound dp_accounting uses for the Gaussian (their Theorem 27), so this is
+  an upper bound of a correct implementation's value, and equal to it where that refinement does
+  not bind (large epsilon).
+  """
+  from scipy import special  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  def log_comb(n, k):
+    return special.gammaln(n + 1) - special.gammaln(k + 1) - special.gammaln(n - k + 1)
+
+  def cgf(g, s, a):  # (a - 1) * RDP(a) at an integer order a >= 1, 0 < g < 1
+    if a == 1:
+      return 0.0
+    e2 = 1.0 / (s * s)
+    terms = [0.0, 2 * np.log(g) + log_comb(a, 2) + min(np.log(4) + np.log(np.expm1(e2)),
+                                                       np.log(2) + e2)]
+    for j in range(3, a + 1):
+      terms.append(j * np.log(g) + log_comb(a, j) + np.log(2) + (j - 1) * j / (2 * s * s))
+    return float(special.logsumexp(terms))
+
+  orders = [1 + x / 10 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512, 1024]
+  best = np.inf
+  for a in orders:
+    rdp = 0.0
+    for z, m, n, count in releases:
+      g, s = m / n, z / 2.0
+      if g == 1.0:  # every client every round: the plain Gaussian mechanism, RDP a / (2 s^2)
+        rdp += count * a / (2 * s * s)
+        continue
+      lo, hi = int(np.floor(a)), int(np.ceil(a))
+      t = a - lo
+      rdp += count * ((1 - t) * cgf(g, s, lo) + t * cgf(g, s, hi)) / (a - 1)
+    if a > 1.01:
+      best = min(best, rdp + np.log1p(-1 / a) - np.log(delta * a) / (a - 1))
+  return max(0.0, best)

@@ -1,4 +1,5 @@
-"""The TFF execution context we own leaves no worker process behind."""
+"""The TFF execution context we own leaves no worker process behind, and its worker is reachable
+from this machine only."""
 
 import os
 import signal
@@ -34,6 +35,55 @@ _PROGRAM = textwrap.dedent('''
     if mode == 'hang':
       time.sleep(600)
 ''')
+
+
+# One FedAvg round of the project's own TFF runtime; the worker's sockets are read in between.
+_ROUND_PROGRAM = textwrap.dedent('''
+    import sys
+    import numpy as np
+    from tff_decorr import algorithms
+    from tff_decorr.algorithms import testing
+    from tff_decorr.federated import tff_context
+    from tff_decorr.runtimes import tff_runtime
+    tff_context.install()
+    alg = algorithms.build('fedavg', testing.tiny_model, algorithms.ClientConfig(lr=0.05))
+    runtime = tff_runtime.TffRuntime(alg, testing.make_client_dataset_fn(
+        testing.synthetic_clients()))
+    state = runtime.initialize()
+    print('WORKERS', *tff_context.worker_pids(), flush=True)
+    sys.stdin.readline()  # the test reads the sockets now
+    before = alg.global_weights(state)
+    state, _, metrics = runtime.run_round(state, [('0', 0), ('1', 0)],
+                                          [alg.initial_client_state(before)] * 2)
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(alg.global_weights(state), before))
+    print('ROUND', moved, flush=True)
+''')
+
+
+class WorkerListensOnLoopbackTest(absltest.TestCase):
+
+  def test_worker_is_bound_to_loopback_and_runs_a_round(self):
+    proc = subprocess.Popen([testutil.PYTHON if os.path.exists(testutil.PYTHON) else sys.executable,
+                             '-c', _ROUND_PROGRAM], cwd=testutil.REPO_ROOT, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+      line = proc.stdout.readline()
+      self.assertTrue(line.startswith('WORKERS'), line + proc.stderr.read() if not line else line)
+      (pid,) = [int(p) for p in line.split()[1:]]
+      sockets = testutil.listening(pid)
+      self.assertNotEmpty(sockets)
+      for host, port in sockets:
+        self.assertTrue(testutil.loopback(host), f'worker listens on {host}:{port}, not loopback')
+      proc.stdin.write('\n')
+      proc.stdin.flush()
+      out, err = proc.communicate(timeout=300)
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+    self.assertEqual(proc.returncode, 0, err)
+    moved = float(out.split('ROUND')[1].split()[0])
+    self.assertGreater(moved, 1e-4)  # the round ran through that worker and trained
+    self.assertNotIn('listens on every interface', err)
 
 
 class TffContextTest(absltest.TestCase):

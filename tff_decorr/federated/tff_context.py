@@ -47,6 +47,8 @@ from tensorflow_federated.python.core.impl.execution_contexts import mergeable_c
 from tensorflow_federated.python.core.impl.types import type_analysis
 from tensorflow_federated.python.core.impl.types import type_conversions
 
+from tff_decorr.federated import loopback
+
 _GRPC_MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
 _GRPC_OPTIONS = [
     ('grpc.max_message_length', _GRPC_MAX_MESSAGE_BYTES),
@@ -96,10 +98,16 @@ def _die_with_parent() -> None:
 
 
 class WorkerProcess:
-  """One `worker_binary` serving TFF's executor service on a local port."""
+  """One `worker_binary` serving TFF's executor service on a local port.
+
+  By default it listens on loopback only (`loopback.py` says how and why): TFF's service is
+  unauthenticated and runs whatever graph it is sent. `listen_all=True` keeps TFF's own
+  behaviour (every interface), for bin/worker's explicit --listen_all. When the loopback library
+  cannot be built, the worker still starts, `self.exposed` is True and one warning line says so.
+  """
 
   def __init__(self, port: Optional[int] = None, max_concurrent_computation_calls: int = -1,
-               log_path: Optional[str] = None):
+               log_path: Optional[str] = None, listen_all: bool = False):
     self.port = port or portpicker.pick_unused_port()
     self._temporary_log = log_path is None
     if log_path is None:
@@ -111,16 +119,37 @@ class WorkerProcess:
             f'--max_concurrent_computation_calls={max_concurrent_computation_calls}']
     # The worker's own TensorFlow reads TF_ENABLE_ONEDNN_OPTS at start-up (tf_env: on unless the
     # user set it; docs/benchmarks.md §7 verifies that the worker honours it).
+    env = tf_env.worker_environment()
+    self.exposed = listen_all or not loopback.preload_environment(env)
+    if self.exposed and not listen_all:
+      logging.warning(
+          'The TFF worker on port %d listens on every interface of this machine, unauthenticated '
+          '(TFF\'s default): the loopback library could not be built (%s). Install a C compiler '
+          '(make setup installs gcc) to keep it on 127.0.0.1.', self.port,
+          loopback.unavailable_reason())
     self.process = subprocess.Popen(
         args, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-        preexec_fn=_die_with_parent, close_fds=True, env=tf_env.worker_environment())
+        preexec_fn=_die_with_parent, close_fds=True, env=env)
     with _lock:
       _processes.append(self)
     _install_handlers()
 
   @property
   def address(self) -> str:
-    return f'localhost:{self.port}'
+    # The loopback library binds 127.0.0.1 (IPv4, or IPv4-mapped on TFF's dual-stack socket).
+    return f'{"localhost" if self.exposed else "127.0.0.1"}:{self.port}'
+
+  def check_loopback(self) -> list[str]:
+    """After start-up: the worker's listening addresses off loopback, read from /proc (empty when
+    it is reachable from this machine only). Logs one warning line if there are any and the
+    worker was meant to be on loopback (a library that loaded but did not take effect)."""
+    exposed = loopback.exposed_addresses(self.process.pid)
+    if exposed and not self.exposed:
+      self.exposed = True
+      logging.warning('The TFF worker (pid %d) listens on %s despite the loopback library; it is '
+                      'reachable from the network, unauthenticated.', self.process.pid,
+                      ', '.join(exposed))
+    return exposed
 
   def alive(self) -> bool:
     return self.process.poll() is None
@@ -351,6 +380,7 @@ class _LocalStub:
     self._process = WorkerProcess(max_concurrent_computation_calls=self._args[0],
                                   log_path=self._args[1])
     self._stub = _remote_stub(self._process.address, self._process, self._timeout)
+    self._process.check_loopback()
     return self._stub
 
 
