@@ -6,8 +6,10 @@ import csv
 import functools
 import json
 import os
+import shutil
 import sys
 import tempfile
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -16,11 +18,13 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tests import testutil
 from tff_decorr.federated import aggregation
 from tff_decorr import algorithms
 from tff_decorr.run import config
 from tff_decorr import regularizers
 from tff_decorr.federated import tff_context
+from tff_decorr.run import program
 from tff_decorr.run import training
 from tff_decorr.algorithms import testing
 from tff_decorr.runtimes import tf_runtime
@@ -161,31 +165,93 @@ class RuntimeAggregatorTest(tf.test.TestCase):
 class TrainWithAggregatorTest(tf.test.TestCase):
   """The training program with --aggregator=dp: epsilon per round, resumed, in the summary."""
 
-  def test_dp_reports_epsilon_every_round_and_resumes_the_count(self):
+  def test_dp_reports_epsilon_its_assumptions_and_every_release_on_the_data(self):
     out = tempfile.mkdtemp()
     settings = dict(task='digits', num_clients=4, clients_per_round=2, local_epochs=1,
                     batch_size=64, regularizer='feddecorr', aggregator='dp',
                     dp_noise_multiplier=0.8, dp_clip=1.0, cache_dir=os.path.join(out, 'cache'))
-    c = config.make(rounds=2, **settings)
-    c.output_dir = os.path.join(out, 'run')
-    training.train(c, log=lambda s: None)
-    c3 = config.make(rounds=3, **settings)
-    c3.output_dir = c.output_dir
-    summary = training.train(c3, log=lambda s: None)  # resumes after round 2
-    with open(os.path.join(c.output_dir, 'metrics.csv')) as f:
+    run = os.path.join(out, 'run')
+
+    def train(rounds, **kwargs):
+      c = config.make(rounds=rounds, **settings)
+      c.output_dir = run
+      lines = []
+      summary = training.train(c, log=lines.append, **kwargs)
+      return summary, '\n'.join(lines)
+
+    delta = 1 / 4 ** 1.1
+    reference = lambda releases: testutil.dp_epsilon_reference([(0.8, 2, 4, releases)], delta)
+    _, log = train(2)
+    self.assertIn('Privacy: --aggregator=dp\'s epsilon assumes each round samples '
+                  '--clients_per_round of --num_clients clients uniformly without replacement, '
+                  'and the sample is secret', log)
+    self.assertIn('it does not cover the seeded client sampling', log)
+    self.assertNotIn('released on this client data before', log)
+    summary, log = train(3)  # resumes after round 2
+    with open(os.path.join(run, 'metrics.csv')) as f:
       rows = list(csv.DictReader(f))
     got = [float(r['aggregator/dp_epsilon']) for r in rows]
-    # The run reports, round by round and across the resume, the accountant's epsilon after 1, 2
-    # and 3 rounds (the accounting itself is checked against a closed form and a published value
-    # in learning_test.test_dp_epsilons_closed_form_and_published_value).
-    delta = 1 / 4 ** 1.1
-    want = list(aggregation.dp_epsilons(0.8, 2, 4, 3, delta))
-    self.assertAllClose(got, want, rtol=1e-5)  # reported in float32
-    self.assertAllClose(summary['dp_epsilon'], want[-1], rtol=1e-9)
+    # Round by round and across the resume, against the accountant written in testutil from the
+    # papers (equal to it at this large epsilon: privacy_test).
+    self.assertAllClose(got, [reference(r) for r in (1, 2, 3)], rtol=1e-5)  # float32 metrics
+    self.assertAllClose(summary['dp_epsilon'], reference(3), rtol=1e-9)
     self.assertAllClose(summary['dp_delta'], delta)
-    with open(os.path.join(c.output_dir, 'summary.json')) as f:
-      self.assertEqual(json.load(f)['config']['aggregator'], 'dp')
+    self.assertEqual(summary['dp_releases_on_data'], 3)  # a resume releases nothing twice
+    self.assertAllClose(summary['dp_epsilon_all_releases'], reference(3), rtol=1e-9)
+    self.assertNotIn('dp_note', summary)
+    self.assertIn('uniformly without replacement', ' '.join(summary['dp_assumes']))
+    self.assertIn('evaluation on the test data', ' '.join(summary['dp_not_covered']))
+    with open(os.path.join(run, 'summary.json')) as f:
+      self.assertEqual(json.load(f)['dp_releases_on_data'], 3)
     self.assertTrue(all(float(r['bytes_up']) > 0 for r in rows))
+
+    # Deleted checkpoints: the run starts again on the same clients, and the 3 earlier releases
+    # are counted with its own 3 (the model's own epsilon stays that of its 3 rounds).
+    shutil.rmtree(os.path.join(run, 'checkpoints'))
+    summary, log = train(3)
+    self.assertIn('Privacy: 3 DP rounds were released on this client data before this start', log)
+    self.assertEqual(summary['dp_releases_on_data'], 6)
+    self.assertAllClose(summary['dp_epsilon'], reference(3), rtol=1e-9)
+    self.assertAllClose(summary['dp_epsilon_all_releases'], reference(6), rtol=1e-9)
+    self.assertIn('6 DP rounds were released on this client data, 3 of them in this run',
+                  summary['dp_note'])
+    self.assertIn('Privacy: 6 DP rounds were released', log)
+
+    # --overwrite with other noise: the old run is moved aside, its releases still count.
+    settings['dp_noise_multiplier'] = 1.6
+    summary, log = train(1, overwrite=True)
+    self.assertIn('6 DP rounds were released on this client data before', log)
+    self.assertEqual(summary['dp_releases_on_data'], 7)
+    self.assertAllClose(summary['dp_epsilon_all_releases'], testutil.dp_epsilon_reference(
+        [(0.8, 2, 4, 6), (1.6, 2, 4, 1)], delta), rtol=1e-9)
+
+  def test_a_dp_round_re_run_after_a_crash_counts_twice(self):
+    # A crash after round 2's noised aggregate exists but before its checkpoint: the resumed run
+    # computes round 2 again with fresh noise, so the data has had 3 releases, not 2.
+    out = tempfile.mkdtemp()
+    c = config.make(task='digits', num_clients=4, clients_per_round=2, local_epochs=1, rounds=2,
+                    batch_size=64, regularizer='none', aggregator='dp', dp_noise_multiplier=0.8,
+                    dp_clip=1.0, cache_dir=os.path.join(out, 'cache'))
+    c.output_dir = os.path.join(out, 'run')
+    release = program.Metrics.release
+
+    def crash_in_round_2(metrics, values, round_num):
+      if round_num == 2:
+        raise RuntimeError('simulated crash')
+      return release(metrics, values, round_num)
+
+    with mock.patch.object(program.Metrics, 'release', crash_in_round_2):
+      with self.assertRaisesRegex(RuntimeError, 'simulated crash'):
+        training.train(c, log=lambda s: None)
+    summary = training.train(c, log=lambda s: None)
+    delta = 1 / 4 ** 1.1
+    self.assertEqual(summary['dp_releases_on_data'], 3)
+    self.assertAllClose(summary['dp_epsilon'],
+                        testutil.dp_epsilon_reference([(0.8, 2, 4, 2)], delta), rtol=1e-9)
+    self.assertAllClose(summary['dp_epsilon_all_releases'],
+                        testutil.dp_epsilon_reference([(0.8, 2, 4, 3)], delta), rtol=1e-9)
+    self.assertIn('3 DP rounds were released on this client data, 2 of them in this run',
+                  summary['dp_note'])
 
   def test_dp_noise_too_high_for_adaptive_clipping_names_the_flags(self):
     c = config.make(task='digits', num_clients=4, clients_per_round=2, aggregator='dp',

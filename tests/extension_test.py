@@ -170,6 +170,21 @@ class ExtensionTest(absltest.TestCase):
     self.assertEqual(float(state.finalizer['participations']), 6.0)
     np.testing.assert_array_equal(state.client_work['states']['rounds'], [2.0, 2.0, 2.0])
 
+  def test_an_exact_key_is_refused_under_private_aggregators(self):
+    # Tally declares an exact key and no private_refusal: the exact key alone refuses it.
+    self.assertIsNone(Tally.private_refusal)
+    for aggregator in ('dp', 'secure'):
+      with self.subTest(aggregator):
+        fv = self.flag_values('--algorithm=tally', '--regularizer=none', '--runtime=tff',
+                              f'--aggregator={aggregator}', '--dp_clip=1.0' if aggregator == 'dp'
+                              else '--secure_zeroing=false', '--output_dir=/tmp/unused')
+        with self.assertRaisesRegex(ValueError, rf'--aggregator={aggregator} cannot be combined '
+                                    r'with --algorithm=tally: its upload has exact keys \(tally\)'):
+          train.resolve_configs(fv)
+    train.resolve_configs(self.flag_values(  # not private: allowed
+        '--algorithm=tally', '--regularizer=none', '--runtime=tff', '--aggregator=robust',
+        '--output_dir=/tmp/unused'))
+
   def test_generated_flags_validate_and_document(self):
     fv = self.flag_values('--algorithm=damped', '--damped_alpha=2', '--output_dir=/tmp/unused')
     with self.assertRaisesRegex(ValueError, r'--damped_alpha: must be <= 1.0'):

@@ -243,26 +243,6 @@ class ProcessAggregationTest(tf.test.TestCase):
     self.assertLess(agg['bytes_up'], 0.35 * raw)
     self.assertTrue(all(np.isfinite(w).all() for w in _flat(process.get_model_weights(out.state))))
 
-  def test_dp_epsilons_closed_form_and_published_value(self):
-    # Every client every round: the plain Gaussian mechanism on a sum with replace-one
-    # sensitivity 2C and noise z C, RDP(alpha) = T * alpha * (2C)^2 / (2 (zC)^2) = 2 T alpha / z^2,
-    # turned into (epsilon, delta) by Balle et al. 2020's conversion, minimised over orders.
-    z, rounds, delta = 2.0, 10, 1e-5
-    orders = np.concatenate([np.linspace(1.01, 8, 700), np.arange(8, 256, 0.5)])
-    rdp = 2 * rounds * orders / z ** 2
-    want = np.min(rdp + np.log((orders - 1) / orders) - (np.log(delta) + np.log(orders))
-                  / (orders - 1))
-    got = learning.dp_epsilons(z, 10, 10, rounds=rounds, target_delta=delta)[-1]
-    self.assertAllClose(got, want, rtol=2e-3)  # dp_accounting's orders are a coarser grid
-    self.assertAllClose(want, 19.05, atol=0.01)
-    # Issue 24's example: z = 1, 10 of 100 clients a round, 100 rounds, delta 1e-5: 83.9 (the
-    # value before the fix, 14.05, ignored the factor 2 of replace-one sensitivity).
-    eps = learning.dp_epsilons(1.0, 10, 100, rounds=100, target_delta=1e-5)
-    self.assertAllClose(eps[-1], 83.94, atol=0.01)
-    self.assertTrue(np.all(np.diff(eps) > 0))
-    with self.assertRaisesRegex(ValueError, r'--dp_target_delta=0.1: must be in \(0, 1/'):
-      learning.dp_aggregator(1.0, 2, 10, target_delta=0.1, clip=1.0)
-
 
 def learning_flat(alg, model_weights):
   """Flat weights in model.weights order from tff ModelWeights (inverse of _model_weights)."""

@@ -141,6 +141,26 @@ SECURE_NOTE = ('simulated: TFF 0.87\'s runtime has no secure-aggregation protoco
                'secure sums run as plain sums (bounds, clipping and quantisation are applied; '
                'there is no cryptography and the server sees each client\'s update)')
 
+# What --aggregator=dp's epsilon assumes, and what it does not cover: said in the run's log and
+# summary.json (tff_decorr.run.training), as plainly as in docs/tff.md §4.
+DP_ASSUMES = (
+    'each round samples --clients_per_round of --num_clients clients uniformly without '
+    'replacement, and the sample is secret',
+    'replace-one neighbours: one client\'s data replaced by another client\'s (--num_clients is '
+    'public), user-level: each client sends one clipped update a round',
+    'the Gaussian noise is applied to the sum of the clipped updates (noise multiplier '
+    '--dp_noise_multiplier; replace-one sensitivity is twice the clip, so the accountant sees '
+    'half the multiplier)',
+)
+DP_NOT_COVERED = (
+    'the seeded client sampling (--seed): uniform only to someone who does not know the seed',
+    'the zeroing threshold and the adaptive clipping norm (--dp_zeroing, --dp_clip=0), released '
+    'without noise',
+    'every metric (train loss and accuracy, regulariser values, bytes, aggregator measurements), '
+    'released without noise',
+    'evaluation on the test data, and the exported model\'s evaluation',
+)
+
 _REGISTRY = hparams_lib.Registry('aggregator')
 for _entry in (
     Aggregator('mean', hparams_lib.NoHParams, lambda hp, shape: None),
@@ -209,6 +229,15 @@ def refusal(algorithm_cls: type, what: str, *, private: bool, bounds_norm: bool,
         'SCAFFOLD control variates, MOON previous model) is held by the server in this simulation '
         '(tff.learning has no client-placed state), which would void the privacy guarantee. Use '
         "'fedavg', 'fedprox' or 'fedavgm' with a private aggregator.")
+  if private and algorithm_cls.exact_keys:
+    # Whatever an algorithm declares, an exactly summed key bypasses the private aggregator: its
+    # per-client values reach the server in the clear (secure) or un-noised (dp).
+    keys = ', '.join(algorithm_cls.exact_keys)
+    why = algorithm_cls.private_refusal or (
+        f'its upload has exact keys ({keys}), summed outside the aggregator, so each client\'s '
+        'values of them would reach the server unprotected')
+    raise ValueError(f'{what} cannot be combined with --algorithm={name}: {why}. Use '
+                     '--aggregator=mean, or another algorithm.')
   reason = ((private and algorithm_cls.private_refusal)
             or (bounds_norm and algorithm_cls.norm_bound_refusal))
   if reason:
@@ -460,6 +489,27 @@ def dp_epsilons(noise_multiplier: float, clients_per_round: int, num_clients: in
   # pylint: enable=protected-access
   return np.array([rdp.compute_epsilon(orders, r * one_round, target_delta)[0]
                    for r in range(1, rounds + 1)])
+
+
+def dp_epsilon_of_releases(releases, target_delta: float) -> float:
+  """epsilon of every DP release in `releases` together: an iterable of (noise_multiplier,
+  clients_per_round, num_clients, count), each a round's Gaussian release as `dp_epsilons`
+  accounts it. RDP composes additively across releases with different settings (runs on the same
+  client data with other noise, or a round re-run after a crash)."""
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  from dp_accounting.rdp import rdp_privacy_accountant as rdp  # pylint: disable=g-import-not-at-top
+  accountant = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+  any_release = False
+  for noise_multiplier, clients_per_round, num_clients, count in releases:
+    if count <= 0:
+      continue
+    if noise_multiplier <= 0:
+      return float('inf')
+    any_release = True
+    accountant.compose(dp_accounting.SampledWithoutReplacementDpEvent(
+        num_clients, clients_per_round, dp_accounting.GaussianDpEvent(noise_multiplier / 2.0)),
+                       int(count))
+  return float(accountant.get_epsilon(target_delta)) if any_release else 0.0
 
 
 def default_delta(num_clients: int) -> float:

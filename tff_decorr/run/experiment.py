@@ -112,17 +112,36 @@ class Experiment:
     return tff_runtime.TffRuntime(self.algorithm, self.client_dataset_fn,
                                   aggregator=self.aggregator)
 
-  def privacy(self, rounds: int) -> dict:
-    """(epsilon, delta) after `rounds` rounds under --aggregator=dp; under an aggregator whose
-    guarantee needs a caveat (secure: simulated), that caveat; else {}."""
+  def privacy(self, rounds: int, ledger=None) -> dict:
+    """(epsilon, delta) after `rounds` rounds under --aggregator=dp, what it assumes and does not
+    cover, and the epsilon of every DP release recorded in `ledger` (a privacy_ledger.Ledger of
+    this client data); under an aggregator whose guarantee needs a caveat (secure: simulated),
+    that caveat; else {}."""
     note = aggregation.note(self.config.aggregator)
     if note:
       return {'aggregator_note': f'--aggregator={self.config.aggregator}: {note}'}
     if not isinstance(self.aggregator, aggregation.AccountedDpFactory) or rounds < 1:
       return {}
     # The factory's table covers rounds 1..config.rounds, the most a summary can report.
-    return {'dp_epsilon': float(self.aggregator.epsilons[rounds - 1]),
-            'dp_delta': self.aggregator.target_delta}
+    out = {'dp_epsilon': float(self.aggregator.epsilons[rounds - 1]),
+           'dp_delta': self.aggregator.target_delta,
+           'dp_assumes': list(aggregation.DP_ASSUMES),
+           'dp_not_covered': list(aggregation.DP_NOT_COVERED)}
+    if ledger is not None:
+      from tff_decorr.run import privacy_ledger  # pylint: disable=g-import-not-at-top
+      entries, unreadable = ledger.entries()
+      out.update({
+          'dp_ledger': ledger.path, 'dp_releases_on_data': len(entries),
+          'dp_epsilon_all_releases': aggregation.dp_epsilon_of_releases(
+              privacy_ledger.grouped(entries), self.aggregator.target_delta)})
+      if len(entries) > rounds or unreadable:
+        out['dp_note'] = (
+            f'{len(entries)} DP rounds were released on this client data, {rounds} of them in '
+            'this run\'s model (the others: earlier runs, --overwrite, deleted checkpoints, or '
+            'rounds re-run after a crash); dp_epsilon counts this run\'s model only, '
+            'dp_epsilon_all_releases counts every release'
+            + (f'; {unreadable} unreadable ledger lines are not counted' if unreadable else ''))
+    return out
 
   # ---- evaluation / export ----
   def evaluator(self) -> export.Evaluator:

@@ -23,6 +23,7 @@ from tff_decorr.run import client_state
 from tff_decorr.run import config as config_lib
 from tff_decorr.run import experiment
 from tff_decorr.run import personalized
+from tff_decorr.run import privacy_ledger
 from tff_decorr.run import program
 from tff_decorr.run import run_dir
 
@@ -69,6 +70,25 @@ def _has_checkpoint(output_dir: str, overwrite: bool, log) -> bool:
   return False
 
 
+def _record_dp_releases(exp: experiment.Experiment, runtime, log):
+  """Under --aggregator=dp: says what epsilon assumes and omits, says whether this client data has
+  been released before, and records every round of this run in the data's privacy ledger."""
+  c = exp.config
+  log('Privacy: --aggregator=dp\'s epsilon assumes ' + '; '.join(aggregation.DP_ASSUMES) + '.')
+  log('Privacy: it does not cover ' + '; '.join(aggregation.DP_NOT_COVERED) + '.')
+  ledger = privacy_ledger.Ledger(exp.shard_dir)
+  entries, unreadable = ledger.entries()
+  if entries or unreadable:
+    log(f'Privacy: {len(entries)} DP rounds were released on this client data before this start '
+        f'(ledger {ledger.path}); summary.json\'s dp_epsilon_all_releases counts them with this '
+        'run\'s.' + (f' {unreadable} unreadable ledger lines are not counted.' if unreadable
+                      else ''))
+  hp = c.component_hparams('aggregator')
+  return ledger, privacy_ledger.RecordingRuntime(
+      runtime, ledger, run=c.output_dir, noise_multiplier=hp.noise_multiplier,
+      clients_per_round=c.clients_per_round, num_clients=c.num_clients)
+
+
 def train(config: config_lib.Config, *, overwrite: bool = False,
           save_local_models: Sequence[str] = (), save_local_rounds: Sequence = (),
           log=print) -> Optional[dict]:
@@ -109,6 +129,9 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
   log(json.dumps(config.to_dict(), indent=None, sort_keys=True))
   if aggregation.note(config.aggregator):
     log(f'Note: --aggregator={config.aggregator} is {aggregation.note(config.aggregator)}.')
+  ledger = None
+  if isinstance(exp.aggregator, aggregation.AccountedDpFactory):
+    ledger, runtime = _record_dp_releases(exp, runtime, log)
   evaluator = exp.evaluator()
   test_ds = exp.test_dataset()
   initial_weights = exp.algorithm.initial_weights()
@@ -151,7 +174,9 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
                         before_round=before_round, check_clients=exp.check_client_data, log=log)
   if summary is None:  # More rounds done than --rounds: nothing trained, nothing (re)written.
     return None
-  summary.update(exp.privacy(summary['final_round']))
+  summary.update(exp.privacy(summary['final_round'], ledger))
+  if 'dp_note' in summary:
+    log(f'Privacy: {summary["dp_note"]}.')
   summary.update({'config': config.to_dict(), 'versions': _versions(),
                   'wall_time_s': time.time() - t0})
   summary_path = os.path.join(config.output_dir, 'summary.json')
