@@ -168,6 +168,13 @@ class StudyCliTest(absltest.TestCase):
     with open(os.path.join(cls.study_dir, 'study.json')) as f:
       cls.manifest_after_kill = json.load(f)
     time.sleep(1)  # Distinct mtimes, should anything be rewritten.
+    # A tampered manifest (docs/security.md): its command strings are for people to read; the
+    # resume builds each run's command from its flags and must not run these.
+    cls.marker = os.path.join(cls.tmp, 'manifest_command_ran')
+    tampered = dict(cls.manifest_after_kill)
+    tampered['cells'] = [dict(c, command=f'touch {cls.marker}') for c in tampered['cells']]
+    with open(os.path.join(cls.study_dir, 'study.json'), 'w') as f:
+      json.dump(tampered, f)
     cls.second = testutil.run_module('bin.study', *cls.args)
 
   @classmethod
@@ -189,6 +196,7 @@ class StudyCliTest(absltest.TestCase):
     with open(os.path.join(self.study_dir, 'logs', f'{self.second_name}.log')) as f:
       self.assertEqual(f.read().count('bin/study: '), 2)
     self.assertIn('all 4 runs done', self.second.stderr)
+    self.assertFalse(os.path.exists(self.marker))  # the manifest's commands never ran
     self.assertRegex(self.second.stderr, r'\[\d/4 done, \d running, \d left, ETA \d+:\d\d:\d\d\]')
 
   def test_manifest(self):

@@ -223,7 +223,8 @@ def _wait_ready(stub: tff.framework.RemoteExecutorGrpcStub, address: str, timeou
 def parse_address(address: str) -> tuple[str, int]:
   host, sep, port = address.rpartition(':')
   if not sep or not host or not port.isdigit():
-    raise ValueError(f'--workers: {address!r} is not host:port (e.g. 10.0.0.2:8000).')
+    raise ValueError(f'--workers: {address!r} is not host:port (e.g. 127.0.0.1:8001, the local '
+                     'end of an SSH tunnel to a worker).')
   return host, int(port)
 
 

@@ -19,6 +19,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tff_decorr.run import graph_check
+
 METADATA_FILE = 'tff_decorr.json'
 
 
@@ -143,6 +145,7 @@ def load_serving(path: str, flag: str = '--saved_model'):
           os.path.exists(os.path.join(path, 'saved_model.pbtxt'))):
     raise SavedModelError(f'{flag}={path} is not a SavedModel (no saved_model.pb); give the '
                           'export/saved_model directory of a run.')
+  graph_check.check(path, f'{flag}={path}')  # Before anything in it runs (docs/security.md).
   try:
     loaded = tf.saved_model.load(path)
   except Exception as e:  # TF raises many types for corrupt models; report one clear error.

@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_decorr.run import graph_check
 from tff_decorr.run import personalized
 from tff_decorr.run import run_dir
 
@@ -262,7 +263,9 @@ def _read_checkpoint(output_dir: str, version: int) -> None:
   """Reads checkpoint `version` in full, without the program's state structure: it is a SavedModel
   whose call returns the saved values (tff.program.FileProgramStateManager's format); any damaged
   file fails here."""
-  module = tf.saved_model.load(os.path.join(output_dir, 'checkpoints', f'round_{version}'))
+  path = os.path.join(output_dir, 'checkpoints', f'round_{version}')
+  graph_check.check(path, f'the checkpoint {path}')  # Before anything in it runs.
+  module = tf.saved_model.load(path)
   tf.nest.map_structure(lambda v: v.numpy() if hasattr(v, 'numpy') else v, module())
 
 
@@ -300,6 +303,8 @@ def newest_checkpoint_round(output_dir: str) -> int:
   newest = os.path.join(output_dir, 'checkpoints', f'round_{max(versions)}')
   try:
     _read_checkpoint(output_dir, max(versions))
+  except graph_check.UnsafeGraphError:
+    raise  # Not damage: a checkpoint tff_decorr did not write. Its message says so.
   except Exception as e:  # Any failure to read is reported the same way: never train over it.
     # TensorFlow's own words about a damaged SavedModel name its internals, not the fix.
     raise CheckpointError(f'the newest checkpoint, {newest}, cannot be read (damaged or '
@@ -343,7 +348,12 @@ def writing(path: str, completed_round: int):
 
 
 def load_checkpoint(output_dir: str, initial_server_state) -> Optional[dict]:
-  """The latest program state of a run (None for a new run); CheckpointError if unreadable."""
+  """The latest program state of a run (None for a new run); CheckpointError if unreadable,
+  graph_check.UnsafeGraphError if it names operations tff_decorr never writes."""
+  versions = asyncio.run(checkpoint_manager(output_dir).get_versions()) or []
+  if versions:
+    path = os.path.join(output_dir, 'checkpoints', f'round_{max(versions)}')
+    graph_check.check(path, f'the checkpoint {path}')
   try:
     saved, _ = asyncio.run(checkpoint_manager(output_dir).load_latest(
         _checkpoint_structure(initial_server_state)))
