@@ -1,5 +1,6 @@
 """Each algorithm's defining property, run in the in-process TF runtime on a tiny BN model."""
 
+import csv
 import os
 import sys
 
@@ -16,6 +17,9 @@ from tff_decorr.algorithms import base
 from tff_decorr.algorithms import client_update
 from tff_decorr.algorithms import testing
 from tff_decorr.algorithms import workspace
+from tff_decorr.federated import tff_context
+from tff_decorr.run import config
+from tff_decorr.run import training
 from tff_decorr.runtimes import tf_runtime
 
 DATA = testing.synthetic_clients()  # sizes 10, 6, 14, 8 -> 3, 2, 4, 2 batches of 4
@@ -558,6 +562,34 @@ class ClientSideTest(tf.test.TestCase, parameterized.TestCase):
     self.assertGreater(max(np.abs(a - b).max() for a, b in zip(per_epoch, doubled)), 1e-5)
     with self.assertRaisesRegex(ValueError, 'local_epochs'):
       algorithms.build('fedlc', testing.tiny_model, local_epochs=0)
+
+
+class DigitsTrainsTest(parameterized.TestCase):
+  """Each client-side baseline trains on the embedded digits task (small_cnn, 4 clients,
+  Dirichlet 0.5, 5 local epochs) at client momentum 0.9 with FedDecorr, in the TF runtime: finite,
+  falling loss and test accuracy far above chance (0.1) after ROUNDS rounds. Measured at these
+  settings, seed 0: FedAvg 0.66, FedLC 0.69, FedRS 0.85, FedSAM 0.81 (FedSAM starts slower:
+  0.18 after 3 rounds)."""
+
+  ROUNDS = 8
+
+  @parameterized.parameters('fedlc', 'fedrs', 'fedsam')
+  def test_trains_on_digits_at_momentum_0_9(self, name):
+    tmp = self.create_tempdir().full_path
+    c = config.make(task='digits', algorithm=name, num_clients=4, clients_per_round=4,
+                    rounds=self.ROUNDS, momentum=0.9, seed=0, regularizer='feddecorr',
+                    eval_every=self.ROUNDS, runtime='tf', cache_dir=os.path.join(tmp, 'cache'),
+                    output_dir=os.path.join(tmp, 'run'))
+    try:
+      summary = training.train(c, log=lambda s: None)
+    finally:
+      tff_context.stop_all()
+    with open(os.path.join(tmp, 'run', 'metrics.csv')) as f:
+      losses = [float(r['train_loss']) for r in csv.DictReader(f)]
+    self.assertLen(losses, self.ROUNDS)
+    self.assertTrue(all(np.isfinite(losses)), losses)
+    self.assertLess(losses[-1], 0.5 * losses[0], losses)
+    self.assertGreater(summary['final_test_accuracy'], 0.5)
 
 
 class ConvexTest(tf.test.TestCase, parameterized.TestCase):
