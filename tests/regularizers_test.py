@@ -60,12 +60,25 @@ def np_decov(z):
   return float(0.5 * (np.sum(cov ** 2) - np.sum(np.diag(cov) ** 2)))
 
 
+def np_structured_decov(z, groups=3):
+  # Independent of the library's indexing: NumPy's array_split names the groups, and the sum runs
+  # over explicit pairs of units in different groups.
+  zc = z - z.mean(axis=0)
+  cov = zc.T @ zc / z.shape[0]
+  d = z.shape[1]
+  parts = np.array_split(np.arange(d), min(groups, d))
+  group = {int(i): k for k, part in enumerate(parts) for i in part}
+  return float(0.5 * sum(cov[i, j] ** 2 for i in range(d) for j in range(d)
+                         if group[i] != group[j]))
+
+
 FUNCS = {
     'feddecorr': (regularizers.feddecorr_loss, np_feddecorr),
     'feddecorr_paper': (regularizers.feddecorr_loss_paper, np_feddecorr_paper),
     'uniformity': (regularizers.uniformity_loss, np_uniformity),
     'variance': (regularizers.variance_loss, np_variance),
     'decov': (regularizers.decov_loss, np_decov),
+    'structured_decov': (lambda z: regularizers.structured_decov_loss(z, 3), np_structured_decov),
 }
 
 
@@ -124,6 +137,27 @@ class MatchesNumpyTest(parameterized.TestCase, tf.test.TestCase):
     self.assertAllClose(regularizers.variance_loss(tf.constant(60.0 * np.eye(c))).numpy(), 0.0,
                         atol=1e-6)
     self.assertAllClose(regularizers.variance_loss(tf.zeros([5, c])).numpy(), 1 / np.sqrt(c))
+
+
+class StructuredDeCovTest(parameterized.TestCase, tf.test.TestCase):
+
+  @parameterized.parameters((8, 7, 5), (16, 10, 4), (6, 12, 12), (5, 4, 9))
+  def test_groups_match_numpy(self, n, d, groups):
+    z = _inputs(n, d, 7)
+    want = np_structured_decov(z, groups)
+    self.assertGreater(want, 0.0)
+    got = regularizers.structured_decov_loss(tf.constant(z, tf.float64), groups)
+    self.assertAllClose(got.numpy(), want, rtol=1e-9, atol=1e-12)
+
+  def test_one_group_per_unit_is_decov_and_one_group_is_zero(self):
+    z = tf.constant(_inputs(9, 6, 2), tf.float64)
+    self.assertAllClose(regularizers.structured_decov_loss(z, 6), regularizers.decov_loss(z),
+                        rtol=1e-12)
+    self.assertAllClose(regularizers.structured_decov_loss(z, 60), regularizers.decov_loss(z),
+                        rtol=1e-12)
+    self.assertEqual(float(regularizers.structured_decov_loss(z, 1)), 0.0)
+    with self.assertRaisesRegex(ValueError, 'groups'):
+      regularizers.structured_decov_loss(z, 0)
 
 
 class GramPathTest(parameterized.TestCase, tf.test.TestCase):
@@ -260,7 +294,8 @@ class GradientAndTracingTest(parameterized.TestCase, tf.test.TestCase):
 class RegistryTest(tf.test.TestCase):
 
   def test_names(self):
-    self.assertEqual(set(regularizers.names()), {'none', 'feddecorr', 'feduv', 'decov'})
+    self.assertEqual(set(regularizers.names()),
+                     {'none', 'feddecorr', 'feduv', 'decov', 'structured_decov'})
 
   def test_coefficients_applied(self):
     z = tf.constant(_inputs(8, 5, 0), tf.float32)
@@ -276,6 +311,10 @@ class RegistryTest(tf.test.TestCase):
                         0.25 * regularizers.uniformity_loss(z))
     r = regularizers.get('decov', beta=0.5)
     self.assertAllClose(r(z, logits), 0.5 * regularizers.decov_loss(z))
+    r = regularizers.get('structured_decov', beta=0.5, groups=2)
+    self.assertEqual(r.coefficients, {'beta': 0.5, 'groups': 2})
+    self.assertAllClose(r(z, logits), 0.5 * regularizers.structured_decov_loss(z, 2))
+    self.assertEqual(regularizers.get('structured_decov').coefficients, {'beta': 0.1, 'groups': 4})
     self.assertEqual(r(z, logits).dtype, tf.float32)
 
   def test_errors(self):
@@ -287,6 +326,8 @@ class RegistryTest(tf.test.TestCase):
       regularizers.get('feduv', mu=float('nan'))
     with self.assertRaisesRegex(ValueError, '--feduv_lambda'):
       regularizers.get('feduv', lam=-1.0)
+    with self.assertRaisesRegex(ValueError, '--structured_decov_groups'):
+      regularizers.get('structured_decov', groups=0)
     # A setting the regulariser does not have is an error, never silently dropped.
     with self.assertRaisesRegex(ValueError, 'feddecorr has no setting.*lam.*--feddecorr_beta'):
       regularizers.get('feddecorr', beta=0.3, lam=9.0)

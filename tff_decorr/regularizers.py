@@ -1,4 +1,4 @@
-"""Representation regularisers: FedDecorr, FedUV, DeCov; and the registry the training code uses.
+"""Representation regularisers: FedDecorr, FedUV, DeCov, Structured-DeCov; and the registry the training code uses.
 
 Every loss here is a pure TensorFlow function of one batch. They are written so that one trace
 serves every batch size (the batch dimension may be unknown, `None`, and the last batch of an epoch
@@ -239,6 +239,39 @@ def decov_loss(z: tf.Tensor) -> tf.Tensor:
   return 0.5 * off_diagonal / (n * n)
 
 
+def structured_decov_loss(z: tf.Tensor, groups: int) -> tf.Tensor:
+  """Structured-DeCov: DeCov's penalty on the covariances BETWEEN groups of units only.
+
+  The decorrelation term of the Structured Decorrelation Constraint (Xiong et al., "Regularizing
+  Deep Convolutional Neural Networks with a Structured Decorrelation Constraint", ICDM 2016),
+  which groups a layer's units and minimises the cross-covariance between different groups,
+  leaving units within a group free to be correlated. The d units are split into
+  G = min(groups, d) contiguous groups as NumPy's array_split does (the first d mod G groups one
+  unit larger);
+  C = (1/N) sum_i (z_i - mean)(z_i - mean)^T as in DeCov (1/N, Cogswell et al. 2016), and
+  loss = 0.5 * sum_{i, j in different groups} C_ij^2.
+  G = d (every unit its own group) is DeCov exactly; G = 1 is 0. N == 1 gives 0.
+  SDC also has a term that encourages the units of one group to be correlated; its exact form
+  was not available to us and it is not implemented (docs/algorithms.md, Structured-DeCov).
+  """
+  z = _as_float(z)
+  _check_rank2(z, 'structured_decov_loss: z')
+  if int(groups) != groups or groups < 1:
+    raise ValueError(f'structured_decov_loss: groups must be an integer >= 1, got {groups!r}.')
+  n = tf.cast(tf.shape(z)[0], z.dtype)
+  d = tf.shape(z)[1]
+  zc = z - tf.reduce_mean(z, axis=0, keepdims=True)
+  cov = tf.matmul(zc, zc, transpose_a=True) / n
+  # Group sizes as NumPy's array_split: q = d // G units each, the first r = d % G one more.
+  g = tf.minimum(tf.constant(int(groups), tf.int32), d)
+  q, r = d // g, d % g
+  i = tf.range(d)
+  big = r * (q + 1)  # units in the larger groups
+  group = tf.where(i < big, i // (q + 1), r + (i - big) // tf.maximum(q, 1))
+  between = tf.not_equal(group[:, None], group[None, :])
+  return 0.5 * tf.reduce_sum(tf.where(between, tf.square(cov), tf.zeros_like(cov)))
+
+
 # ---------------------------------------------------------------------------------------------
 # Registry.
 
@@ -281,6 +314,15 @@ class DeCovHParams(hparams.HParams):
 
 
 @dataclasses.dataclass(frozen=True)
+class StructuredDeCovHParams(hparams.HParams):
+  component: ClassVar[str] = 'structured_decov'
+  beta: float = hparams.field(0.1, 'Structured-DeCov coefficient: loss += beta * (DeCov over the '
+                              'covariances between groups of units).', minimum=0.0)
+  groups: int = hparams.field(4, 'contiguous groups of representation units (capped at the '
+                              'representation width; = width is DeCov).', minimum=1)
+
+
+@dataclasses.dataclass(frozen=True)
 class Spec:
   """A registered regulariser: its hyper-parameters and how to build its loss from them."""
   name: str
@@ -311,6 +353,9 @@ register('feduv', FedUVHParams,
          drop_last=True)
 register('decov', DeCovHParams,
          lambda hp: lambda representation, logits: hp.beta * decov_loss(representation))
+register('structured_decov', StructuredDeCovHParams,
+         lambda hp: lambda representation, logits: hp.beta * structured_decov_loss(
+             representation, hp.groups))
 
 
 def names() -> Tuple[str, ...]:

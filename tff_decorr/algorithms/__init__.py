@@ -17,8 +17,11 @@ from tff_decorr.algorithms import fedavg
 from tff_decorr.algorithms import fedavg_decomposed
 from tff_decorr.algorithms import fedavgm
 from tff_decorr.algorithms import fedbn
+from tff_decorr.algorithms import fedlc
 from tff_decorr.algorithms import fednova
 from tff_decorr.algorithms import fedprox
+from tff_decorr.algorithms import fedrs
+from tff_decorr.algorithms import fedsam
 from tff_decorr.algorithms import moon
 from tff_decorr.algorithms import scaffold
 from tff_decorr.algorithms.client_update import ClientConfig
@@ -57,10 +60,13 @@ def hparams_class(name: str) -> type:
 
 def build(name: str, model_fn: Callable, config: ClientConfig = ClientConfig(),
           regularizer: Optional[Callable] = None, hparams=None, *,
-          num_clients: Optional[int] = None, **values) -> base.Algorithm:
+          num_clients: Optional[int] = None, local_epochs: int = 1,
+          **values) -> base.Algorithm:
   """Builds algorithm `name` with `hparams` (its HParams), or with its fields as keywords
   (`build('fedprox', ..., mu=0.01)`; an unknown keyword is an error). `num_clients` (the total
   number of clients N) is required by algorithms that declare `needs_num_clients` (SCAFFOLD)
+  and ignored by the others. `local_epochs`: the passes over a client's examples its dataset
+  holds, given to algorithms that declare `needs_local_epochs` (FedLC counts labels per epoch)
   and ignored by the others."""
   cls = algorithm_class(name)
   if values:
@@ -68,10 +74,14 @@ def build(name: str, model_fn: Callable, config: ClientConfig = ClientConfig(),
       raise ValueError('build: give hparams or keyword hyper-parameters, not both.')
     hparams = cls.HParams.from_mapping(values)
   kwargs = {'num_clients': num_clients} if num_clients is not None or cls.needs_num_clients else {}
+  if cls.needs_local_epochs:
+    kwargs['local_epochs'] = local_epochs
   return cls(model_fn, config, regularizer, hparams, **kwargs)
 
 
 for _cls in (fedavg.FedAvg, fedprox.FedProx, fedavgm.FedAvgM, fedbn.FedBN, moon.Moon,
              scaffold.Scaffold, fednova.FedNova, fedavg_decomposed.FedAvgDecomposed):
+  register(_cls)
+for _cls in (fedlc.FedLC, fedrs.FedRS, fedsam.FedSAM):  # Client-side baselines (issue 29).
   register(_cls)
 NAMES = names()  # The built-in algorithms (registered ones added later appear in names()).

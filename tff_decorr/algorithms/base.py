@@ -53,6 +53,9 @@ class Algorithm:
   stateful = False
   # The constructor needs the total number of clients N (keyword `num_clients`; SCAFFOLD's c).
   needs_num_clients = False
+  # The constructor needs the local epochs a client's dataset holds (keyword `local_epochs`;
+  # FedLC's class sizes are its dataset's label counts divided by them).
+  needs_local_epochs = False
   # How a tff.aggregators factory can aggregate the upload (--aggregator, tff_decorr.federated.learning):
   # those factories expect model DELTAS (DP clips them, compression quantises them). 'model':
   # contribution / weight is (part of) a model, sent as its difference from
@@ -73,7 +76,7 @@ class Algorithm:
   def __init__(self, model_fn: Callable[[], tf.keras.Model], config: ClientConfig = ClientConfig(),
                regularizer: Optional[client_update.RegularizerFn] = None,
                hparams: Optional[hparams_lib.HParams] = None, *,
-               num_clients: Optional[int] = None):
+               num_clients: Optional[int] = None, local_epochs: int = 1):
     if not callable(model_fn):
       raise ValueError('model_fn must be a callable returning a Keras model with dict outputs.')
     if not isinstance(config, ClientConfig):
@@ -89,6 +92,11 @@ class Algorithm:
     self.regularizer = regularizer
     self.hparams = hparams
     self.num_clients = num_clients  # Total clients N; only SCAFFOLD needs it.
+    if int(local_epochs) != local_epochs or local_epochs < 1:
+      raise ValueError(f'local_epochs must be an integer >= 1, got {local_epochs!r}.')
+    # Passes over its examples a client's dataset holds (tasks/client_data.py). FedLC divides the
+    # label counts of the dataset by it to get the client's class sizes.
+    self.local_epochs = int(local_epochs)
     model = model_fn()
     self.spec: ModelSpec = workspace.model_spec(model)
     self._initial_weights = [v.numpy() for v in model.weights]
@@ -152,9 +160,11 @@ class Algorithm:
     raise NotImplementedError
 
   # ---- helpers ----
-  def _train(self, ws, start_weights, dataset, extra_loss=None, grad_correction=None):
+  def _train(self, ws, start_weights, dataset, extra_loss=None, grad_correction=None,
+             logit_adjustment=None, sam_rho=0.0):
     return client_update.local_train(ws, start_weights, dataset, self.config, self.regularizer,
-                                     extra_loss=extra_loss, grad_correction=grad_correction)
+                                     extra_loss=extra_loss, grad_correction=grad_correction,
+                                     logit_adjustment=logit_adjustment, sam_rho=sam_rho)
 
 
 def weighted(values, weight):

@@ -36,6 +36,8 @@ RegularizerFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 ExtraLoss = Callable[[dict, tf.Tensor, tf.Tensor], tf.Tensor]
 # list of gradients (one per trainable variable, None allowed) -> corrected list.
 GradCorrection = Callable[[List[Optional[tf.Tensor]]], List[Optional[tf.Tensor]]]
+# logits -> the logits the cross-entropy is computed from (FedLC's calibration, FedRS's scaling).
+LogitAdjustment = Callable[[tf.Tensor], tf.Tensor]
 
 METRIC_NAMES = ('loss_sum', 'ce_sum', 'reg_sum', 'extra_sum', 'correct', 'examples', 'steps')
 
@@ -77,12 +79,20 @@ class LocalResult(NamedTuple):
 def local_train(ws: Workspace, start_weights: Sequence[tf.Tensor], dataset: tf.data.Dataset,
                 config: ClientConfig, regularizer: Optional[RegularizerFn] = None,
                 extra_loss: Optional[ExtraLoss] = None,
-                grad_correction: Optional[GradCorrection] = None) -> LocalResult:
+                grad_correction: Optional[GradCorrection] = None,
+                logit_adjustment: Optional[LogitAdjustment] = None,
+                sam_rho: float = 0.0) -> LocalResult:
   """Local SGD exactly as the reference's client (call inside a tf.function).
 
   Loss per batch = mean cross-entropy + regularizer(representation, logits) + extra_loss.
   The model runs with training=True, so BN moving statistics update as in PyTorch's train mode.
   Momentum buffers are zeroed first: the reference builds a fresh optimizer every round.
+  `logit_adjustment(logits)`: the cross-entropy is taken of the adjusted logits (FedLC, FedRS);
+  the regulariser, the extra loss and the accuracy metric see the model's own logits.
+  `sam_rho > 0`: sharpness-aware steps (FedSAM, the SAM optimiser the reference uses): the loss's
+  gradient g at w, e = sam_rho * g / (||g|| + 1e-12) over all trainable variables, the gradient at
+  w + e (a second forward pass, BN statistics updated again as in PyTorch's train mode), and the
+  SGD step above from w with that gradient (weight decay at w). Metrics are those of the pass at w.
   """
   Workspace.assign(ws.weights, start_weights)
   for b in ws.momentum:
@@ -97,15 +107,15 @@ def local_train(ws: Workspace, start_weights: Sequence[tf.Tensor], dataset: tf.d
   # inlined: grappler may turn the gradient sums of a large model (AlexNet-BN's BatchNorm on 4096-d
   # features) into TemporaryVariable accumulators, and inside the while loop below those outlive
   # the call (the next call fails with AlreadyExistsError); in a called function they do not.
-  @tf.function(autograph=False, experimental_attributes={'_noinline': True})
-  def train_step(images, labels):
-    labels = tf.cast(tf.reshape(labels, [-1]), tf.int32)
-    bs = tf.cast(tf.shape(labels)[0], tf.float32)
+  sam = float(sam_rho)
+
+  def forward_backward(images, labels):
     with tf.GradientTape() as tape:
       outputs = ws.model(images, training=True)
       logits = outputs['logits']
+      ce_logits = logit_adjustment(logits) if logit_adjustment is not None else logits
       ce = tf.reduce_mean(
-          tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+          tf.keras.losses.sparse_categorical_crossentropy(labels, ce_logits, from_logits=True))
       # The loss is computed in the model's float type (float32, or float64 in the reference
       # equivalence test); metrics are summed in float32.
       dtype = ce.dtype
@@ -114,7 +124,26 @@ def local_train(ws: Workspace, start_weights: Sequence[tf.Tensor], dataset: tf.d
       extra = (tf.cast(extra_loss(outputs, images, labels), dtype)
                if extra_loss is not None else tf.zeros([], dtype))
       loss = ce + reg + extra
-    grads = tape.gradient(loss, ws.trainable)
+    return tape.gradient(loss, ws.trainable), logits, loss, ce, reg, extra
+
+  @tf.function(autograph=False, experimental_attributes={'_noinline': True})
+  def train_step(images, labels):
+    labels = tf.cast(tf.reshape(labels, [-1]), tf.int32)
+    bs = tf.cast(tf.shape(labels)[0], tf.float32)
+    grads, logits, loss, ce, reg, extra = forward_backward(images, labels)
+    if sam > 0:
+      # SAM's ascent step over the variables that have a gradient, then the gradient there;
+      # the start values are restored exactly (not by subtracting e again).
+      used = [(v, g) for v, g in zip(ws.trainable, grads) if g is not None]
+      norm = tf.linalg.global_norm([tf.convert_to_tensor(g) for _, g in used])
+      start = [tf.identity(v) for v, _ in used]
+      with tf.control_dependencies(start):
+        for v, g in used:
+          v.assign_add(tf.cast(sam / (norm + 1e-12), v.dtype) * tf.convert_to_tensor(g))
+      grads = forward_backward(images, labels)[0]
+      with tf.control_dependencies([tf.convert_to_tensor(g) for g in grads if g is not None]):
+        for (v, _), w in zip(used, start):
+          v.assign(w)
     if grad_correction is not None:
       grads = grad_correction(grads)
     for v, g, buf in zip(ws.trainable, grads, ws.momentum):

@@ -343,7 +343,9 @@ def build_process(name: str, model_fn: Callable[[], tf.keras.Model],
     seed: base seed of the client datasets.
     initial_weights: flat weights in model.weights order (default: the model's initialisation).
     **hparams: the algorithm's (fedprox mu, fedavgm server_momentum/form/server_lr, moon mu /
-      temperature, scaffold server_lr / num_clients (default len(client_ids))).
+      temperature, scaffold server_lr / num_clients (default len(client_ids)), fedlc tau /
+      local_epochs (the passes client_dataset_fn's datasets hold, default 1), fedrs alpha,
+      fedsam rho).
   """
   if name not in process_algorithms():
     raise ValueError(f'name={name!r}: no LearningProcess form; choose one of '

@@ -49,7 +49,8 @@ class Experiment:
     tf.keras.utils.set_random_seed(c.seed)  # The initial global model depends only on the seed.
     self.algorithm = algorithms.build(c.algorithm, self.model_fn, c.client_optimizer,
                                       self.regularizer, c.component_hparams('algorithm'),
-                                      num_clients=c.num_clients)
+                                      num_clients=c.num_clients,
+                                      local_epochs=int(c.local_epochs))
     # The tff.aggregators factory of --aggregator (None: the runtimes' plain sum). Built here, so
     # a bad setting fails before the run directory is written.
     self.aggregator = aggregation.build(
