@@ -68,14 +68,20 @@ def main(argv):
 def run(fv: flags.FlagValues) -> int:
   """Trains every configuration the flags name, then prints the results."""
   from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import phases  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
   results = []
+  start_up = phases.since_process_start()  # Interpreter, imports, flags: the first run's share.
   for config in resolve_configs(fv):
     print(run_header(config, fv.runtime), flush=True)
+    timer = phases.Phases()
+    if start_up is not None:
+      timer.add('start_up', start_up)
+      start_up = None
     summary = training.train(config, overwrite=fv.overwrite,
                              save_local_models=fv.save_local_models,
                              save_local_rounds=fv.save_local_rounds,
-                             log=lambda s: print(s, flush=True))
+                             log=lambda s: print(s, flush=True), timer=timer)
     # Each configuration gets its own TFF worker (its log is in its run directory); stop this one
     # before the next configuration starts another, so they never compete for the cores.
     pids = tff_context.worker_pids()

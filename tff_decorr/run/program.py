@@ -31,6 +31,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_decorr.run import graph_check
+from tff_decorr.run import phases as phases_lib
 from tff_decorr.run import personalized
 from tff_decorr.run import run_dir
 
@@ -374,7 +375,7 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
         on_round_end: Optional[Callable[[int, Any], None]] = None,
         before_round: Optional[Callable[..., Optional[dict]]] = None,
         check_clients: Optional[Callable[[Sequence[str]], None]] = None,
-        log=print) -> Optional[dict]:
+        log=print, timer: Optional[phases_lib.Phases] = None) -> Optional[dict]:
   """Runs (or resumes) the federated training loop. Returns the final summary dict.
 
   Args:
@@ -392,17 +393,20 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
       personalised algorithm also exports each client's own model (personalized.client_export_dir).
     check_clients: optional (client ids) -> None, raising with a clear message when a sampled
       client's data is unusable (e.g. a missing cache shard), before the round starts.
+    timer: optional phases.Phases, given the wall time of each phase of the loop.
 
   Returns the summary, or None when the run already holds more rounds than `loop.rounds` (nothing
   is trained or written). Raises NonFiniteError (the last finite round stays checkpointed) and
   Interrupted (Ctrl-C; the last completed round is checkpointed).
   """
+  timer = timer or phases_lib.Phases()
   ckpt_dir = os.path.join(output_dir, 'checkpoints')
   ckpt = checkpoint_manager(output_dir)
   manifest = lambda r: client_manifest_path(output_dir, r)
-  initial_state = runtime.initialize()
-  structure = _checkpoint_structure(initial_state)
-  saved = load_checkpoint(output_dir, initial_state)
+  with timer('initialize'):
+    initial_state = runtime.initialize()
+    structure = _checkpoint_structure(initial_state)
+    saved = load_checkpoint(output_dir, initial_state)
   if saved is None:
     state = structure
     log(f'Starting a new run in {output_dir}')
@@ -434,13 +438,16 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
       ids = [cid for cid, _ in client_inputs]
       if check_clients is not None:
         check_clients(ids)
-      client_states = store.load_many(ids)
+      with timer('client_states'):
+        client_states = store.load_many(ids)
       with guard('local_models'):
         pre_round = (before_round(round_num, server_state, client_inputs, client_states)
                      if before_round is not None else None)
       t0 = time.perf_counter()  # Round time: the federated round alone.
-      server_state, new_states, train_metrics = runtime.run_round(server_state, client_inputs,
-                                                                  client_states)
+      # The first round of an invocation traces and compiles: timed apart from the steady ones.
+      with timer('first_round' if round_num == start_round else 'steady_rounds'):
+        server_state, new_states, train_metrics = runtime.run_round(server_state, client_inputs,
+                                                                    client_states)
       loss = float(train_metrics.get('loss_sum', 0.0))
       if not math.isfinite(loss) or not is_finite_weights(algorithm.global_weights(server_state)):
         what = 'training loss' if not math.isfinite(loss) else 'global model weights'
@@ -450,7 +457,7 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
                              if round_num > 1 else '') +
             'Lower --client_lr (or the regulariser/algorithm coefficients) and start a new '
             '--output_dir.')
-      with guard('client_states'):
+      with guard('client_states'), timer('client_states'):
         store.save_many(ids, new_states, round_num)
       round_time = time.perf_counter() - t0
       values = summarize_train_metrics(train_metrics)
@@ -460,7 +467,8 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
       weights = algorithm.global_weights(server_state)
       test = {}
       if round_num % max(loop.eval_every, 1) == 0 or round_num == loop.rounds:
-        test = last_test = evaluate_fn(server_state, round_num)
+        with timer('evaluation'):
+          test = last_test = evaluate_fn(server_state, round_num)
         values.update({k: v for k, v in test.items() if np.isscalar(v)})
         for i, a in enumerate(test.get('per_client_test_accuracy', [])):
           values[f'client_{i}_test_accuracy'] = a
@@ -473,20 +481,20 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
           extra = on_round_end(round_num, server_state)
         if extra:
           values.update(extra)
-      with guard('metrics.csv'):  # and tensorboard/
+      with guard('metrics.csv'), timer('metrics'):  # and tensorboard/
         metrics_io.release(values, round_num)
       if loop.export_every and round_num % loop.export_every == 0:
-        with guard(os.path.join('export', f'round_{round_num}')):
+        with guard(os.path.join('export', f'round_{round_num}')), timer('export'):
           export_fn(weights, os.path.join(output_dir, 'export', f'round_{round_num}'), None)
       state = {'round': round_num, 'server_state': server_state,
                'best_accuracy': np.float64(state['best_accuracy']),
                'best_round': int(state['best_round']),
                'last_accuracy': np.float64(state['last_accuracy'])}
-      with guard(os.path.join('checkpoints', f'round_{round_num}')):
+      with guard(os.path.join('checkpoints', f'round_{round_num}')), timer('checkpoints'):
         store.save_manifest(manifest(round_num), prune=False)
         asyncio.run(ckpt.save(state, round_num))  # The commit point of the round.
       completed = round_num
-      with guard('checkpoints'):
+      with guard('checkpoints'), timer('checkpoints'):
         # Prune client states no kept checkpoint refers to (this one and the previous one).
         store.save_manifest(manifest(round_num), prune=True,
                             keep=store.read_manifest(manifest(round_num - 1)))
@@ -507,7 +515,7 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
       log(line)
   except KeyboardInterrupt:
     raise Interrupted(_completed_round(output_dir)) from None
-  with guard('export'):
+  with guard('export'), timer('export'):
     return _finish(algorithm, store, loop, output_dir, evaluate_fn, export_fn, server_state, state,
                    last_test)
 

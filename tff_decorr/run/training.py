@@ -23,6 +23,7 @@ from tff_decorr.run import client_state
 from tff_decorr.run import config as config_lib
 from tff_decorr.run import experiment
 from tff_decorr.run import personalized
+from tff_decorr.run import phases
 from tff_decorr.run import privacy_ledger
 from tff_decorr.run import program
 from tff_decorr.run import run_dir
@@ -91,7 +92,7 @@ def _record_dp_releases(exp: experiment.Experiment, runtime, log):
 
 def train(config: config_lib.Config, *, overwrite: bool = False,
           save_local_models: Sequence[str] = (), save_local_rounds: Sequence = (),
-          log=print) -> Optional[dict]:
+          log=print, timer: Optional[phases.Phases] = None) -> Optional[dict]:
   """Runs (or resumes) one configuration in `config.output_dir`; returns its summary.
 
   `config` comes from `tff_decorr.run.config.resolve` (what bin/train does with its flags) or is
@@ -100,7 +101,11 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
   ValueError (bad settings, unusable directory, program.CheckpointError), program.NonFiniteError,
   program.DiskFullError, program.Interrupted.
   Exit codes and messages of these are mapped by `tff_decorr.run.cli.run_guarded`.
+  `timer` (a phases.Phases, e.g. holding bin/train's start-up) is given this run's phases; they are
+  logged at the end and written to summary.json as `phases_s`.
   """
+  timer = timer or phases.Phases()
+  setup_start = time.perf_counter()
   program.set_gpu_memory_growth()
   if config.runtime == 'auto':  # A Config built directly (config.resolve resolves it already).
     runtime, why = config_lib.choose_runtime(config.runtime, config.workers, config.aggregator)
@@ -114,10 +119,13 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
                             migrate=config_lib.migrate_dict)
   try:
     exp = experiment.Experiment(config, log=log)
-    exp.prepare_client_data()
+    timer.add('setup', time.perf_counter() - setup_start)
+    with timer('client_data'):
+      exp.prepare_client_data()
     # Built before config.json is written: an aggregator that cannot take this algorithm's update
     # fails here. (The TFF worker starts on the first call, not here.)
-    runtime = exp.runtime(config.output_dir)
+    with timer('build'):
+      runtime = exp.runtime(config.output_dir)
     if resumed:  # Same configuration: resume only from a checkpoint that can be read.
       resumed = _has_checkpoint(config.output_dir, overwrite, log)
   except BaseException:
@@ -171,7 +179,8 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
   summary = program.run(runtime=runtime, algorithm=exp.algorithm, store=store, loop=loop,
                         output_dir=config.output_dir, evaluate_fn=evaluate,
                         export_fn=exp.export, on_round_end=on_round_end,
-                        before_round=before_round, check_clients=exp.check_client_data, log=log)
+                        before_round=before_round, check_clients=exp.check_client_data, log=log,
+                        timer=timer)
   if summary is None:  # More rounds done than --rounds: nothing trained, nothing (re)written.
     return None
   summary.update(exp.privacy(summary['final_round'], ledger))
@@ -180,6 +189,9 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
   summary.update({'config': config.to_dict(), 'versions': _versions(),
                   'wall_time_s': time.time() - t0})
   summary_path = os.path.join(config.output_dir, 'summary.json')
-  with program.writing(summary_path, summary['final_round']):
-    run_dir.write_json_atomic(summary_path, summary)
+  with timer('summary'):
+    summary['phases_s'] = timer.ordered()  # Without the summary's own write: a few ms.
+    with program.writing(summary_path, summary['final_round']):
+      run_dir.write_json_atomic(summary_path, summary)
+  log(timer.line())
   return summary
