@@ -1,0 +1,63 @@
+"""tff_decorr.run.tf_env: the binaries' stderr filter drops TensorFlow's known noise lines only,
+keeps everything else in order (partial lines too), survives a SIGKILL of its process, and keeps
+the exit status; TFF_DECORR_NOISE=1 shows every line."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl.testing import absltest
+
+from tests import testutil
+
+# Writes to file descriptor 2 directly, as TensorFlow's C++ logging does.
+_PROGRAM = textwrap.dedent('''
+    import os, sys, time
+    from tff_decorr.run import tf_env
+    tf_env.quiet_known_noise()
+    os.write(2, b'2026-11-25 E cuda_dnn.cc:9342] Unable to register cuDNN factory: Attempting\\n')
+    os.write(2, b'first real line\\n')
+    print('second real line', file=sys.stderr, flush=True)
+    os.write(2, b'a prompt without newline')
+    time.sleep(0.4)
+    os.write(2, b' and its end\\nE grappler_item_builder.cc:435] Failed to detect the fetch '
+             b'node(s), skipping this input\\nlast real line\\n')
+    if sys.argv[1] == 'kill':
+      os.kill(os.getpid(), 9)
+    sys.exit(3)
+''')
+
+
+def _run(mode, **env):
+  python = testutil.PYTHON if os.path.exists(testutil.PYTHON) else sys.executable
+  return subprocess.run([python, '-c', _PROGRAM, mode], cwd=testutil.REPO_ROOT,
+                        capture_output=True, text=True, timeout=60,
+                        env={**os.environ, 'TFF_DECORR_NOISE': '', **env})
+
+
+class QuietKnownNoiseTest(absltest.TestCase):
+
+  def test_noise_is_dropped_and_the_rest_kept_in_order(self):
+    proc = _run('exit')
+    self.assertEqual(proc.returncode, 3)
+    self.assertEqual(proc.stderr, 'first real line\nsecond real line\na prompt without newline'
+                     ' and its end\nlast real line\n')
+
+  def test_lines_written_before_a_sigkill_still_arrive(self):
+    proc = _run('kill')
+    self.assertEqual(proc.returncode, -signal.SIGKILL)
+    self.assertIn('last real line\n', proc.stderr)
+    self.assertNotIn('cuDNN', proc.stderr)
+
+  def test_every_line_on_request(self):
+    proc = _run('exit', TFF_DECORR_NOISE='1')
+    self.assertIn('Unable to register cuDNN factory', proc.stderr)
+    self.assertIn('Failed to detect the fetch node(s)', proc.stderr)
+
+
+if __name__ == '__main__':
+  absltest.main()
