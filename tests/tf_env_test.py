@@ -28,6 +28,12 @@ _PROGRAM = textwrap.dedent('''
              b'node(s), skipping this input\\nlast real line\\n')
     if sys.argv[1] == 'kill':
       os.kill(os.getpid(), 9)
+    if sys.argv[1] == 'group':  # Ctrl-C in a terminal: SIGINT to the whole process group
+      import signal
+      signal.signal(signal.SIGINT, lambda *a: None)
+      os.killpg(os.getpgrp(), signal.SIGINT)
+      time.sleep(0.3)
+      os.write(2, b'said after the interrupt\\n')
     sys.exit(3)
 ''')
 
@@ -52,6 +58,15 @@ class QuietKnownNoiseTest(absltest.TestCase):
     self.assertEqual(proc.returncode, -signal.SIGKILL)
     self.assertIn('last real line\n', proc.stderr)
     self.assertNotIn('cuDNN', proc.stderr)
+
+  def test_a_ctrl_c_to_the_process_group_does_not_end_the_filter_first(self):
+    python = testutil.PYTHON if os.path.exists(testutil.PYTHON) else sys.executable
+    proc = subprocess.run([python, '-c', _PROGRAM, 'group'], cwd=testutil.REPO_ROOT,
+                          capture_output=True, text=True, timeout=60, start_new_session=True,
+                          env={**os.environ, 'TFF_DECORR_NOISE': ''})
+    self.assertEqual(proc.returncode, 3)
+    self.assertTrue(proc.stderr.endswith('last real line\nsaid after the interrupt\n'),
+                    proc.stderr)
 
   def test_every_line_on_request(self):
     proc = _run('exit', TFF_DECORR_NOISE='1')

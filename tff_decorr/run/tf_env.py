@@ -43,7 +43,9 @@ KNOWN_NOISE = (
 # Runs in its own process: copies stdin to stdout line by line without the known noise, flushing
 # a partial line (a prompt, a progress bar) when nothing more arrives for 0.1 s.
 _FILTER = r'''
-import os, select, sys
+import os, select, signal, sys
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # it ends when its input does
+  signal.signal(sig, signal.SIG_IGN)
 noise = [n.encode() for n in sys.argv[1:]]
 out = sys.stdout.fileno()
 pending = b''
@@ -94,7 +96,9 @@ def quiet_known_noise() -> None:
   read_end, write_end = os.pipe()
   _filter_process = subprocess.Popen(
       [sys.executable, '-S', '-c', _FILTER, *KNOWN_NOISE], stdin=read_end, stdout=2,
-      stderr=subprocess.DEVNULL, close_fds=True)
+      # Its own session: a Ctrl-C or a signal to our process group must not end it before us
+      # (our last words, e.g. "interrupted after round 3", go through it).
+      stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
   os.close(read_end)
   os.dup2(write_end, 2)
   os.close(write_end)
