@@ -23,7 +23,7 @@ import io
 import math
 import os
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from absl import logging
 import numpy as np
@@ -32,6 +32,7 @@ import tensorflow_federated as tff
 
 from tff_decorr.run import personalized
 from tff_decorr.run import run_dir
+from tff_decorr.run import tensorboard_hparams
 
 
 class CheckpointError(ValueError):
@@ -82,7 +83,8 @@ class Metrics:
 
   TensorBoard's events are flushed every round, before the round's checkpoint: they are the copy
   `repair_metrics` rebuilds a cut or deleted metrics.csv from (a writer left to flush on its own
-  would lose the newest rounds to a kill).
+  would lose the newest rounds to a kill). The run's hyper-parameters and final metrics go to the
+  same directory for TensorBoard's HParams dashboard (tensorboard_hparams).
   """
 
   def __init__(self, output_dir: str):
@@ -97,6 +99,12 @@ class Metrics:
       for name, value in clean.items():
         tf.summary.scalar(name, value, step=round_num)
     self._tb.flush()
+
+  def hparams(self, config: Mapping[str, Any], trial_id: str) -> None:
+    tensorboard_hparams.write_run(self._tb, config, trial_id)
+
+  def final(self, summary: Mapping[str, Any]) -> None:
+    tensorboard_hparams.write_final(self._tb, summary)
 
 
 def _round_list(rounds: Sequence[int]) -> str:
@@ -364,7 +372,7 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
         on_round_end: Optional[Callable[[int, Any], None]] = None,
         before_round: Optional[Callable[..., Optional[dict]]] = None,
         check_clients: Optional[Callable[[Sequence[str]], None]] = None,
-        log=print) -> Optional[dict]:
+        config: Optional[Mapping[str, Any]] = None, log=print) -> Optional[dict]:
   """Runs (or resumes) the federated training loop. Returns the final summary dict.
 
   Args:
@@ -382,6 +390,8 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
       personalised algorithm also exports each client's own model (personalized.client_export_dir).
     check_clients: optional (client ids) -> None, raising with a clear message when a sampled
       client's data is unusable (e.g. a missing cache shard), before the round starts.
+    config: optional resolved configuration (`Config.to_dict()`): written to tensorboard/ as the
+      run's hyper-parameters, with its final metrics at the end (TensorBoard's HParams dashboard).
 
   Returns the summary, or None when the run already holds more rounds than `loop.rounds` (nothing
   is trained or written). Raises NonFiniteError (the last finite round stays checkpointed) and
@@ -413,6 +423,8 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
   with guard('metrics.csv'):
     repair_metrics(output_dir, completed, log)
     metrics_io = Metrics(output_dir)
+    if config is not None:  # On every start: TensorBoard shows the first one a run recorded.
+      metrics_io.hparams(config, trial_id=os.path.basename(os.path.normpath(output_dir)))
   start_round = completed + 1
   server_state = state['server_state']
   try:
@@ -498,8 +510,11 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
   except KeyboardInterrupt:
     raise Interrupted(_completed_round(output_dir)) from None
   with guard('export'):
-    return _finish(algorithm, store, loop, output_dir, evaluate_fn, export_fn, server_state, state,
-                   last_test)
+    summary = _finish(algorithm, store, loop, output_dir, evaluate_fn, export_fn, server_state,
+                      state, last_test)
+  with guard('tensorboard'):
+    metrics_io.final(summary)
+  return summary
 
 
 def _completed_round(output_dir: str) -> int:
