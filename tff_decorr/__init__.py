@@ -14,13 +14,9 @@ learning`, ...; `MOVED`) still import, as the very module of the new path, with 
 DeprecationWarning naming it, until release `deprecated_flags.REMOVED_IN` (docs/api.md).
 """
 
+import atexit
 import importlib
-import importlib.abc
-import importlib.machinery
 import sys
-import types
-from typing import Optional
-import warnings
 
 __version__ = '0.2.0'
 
@@ -76,13 +72,13 @@ def _importer_stacklevel() -> int:
   return level
 
 
-class _AliasLoader(importlib.abc.Loader):
+class _AliasLoader:  # An importlib.abc.Loader; importing only `importlib` and `sys` here.
   """Gives the module of the new path itself as the old path's module (one object, one state)."""
 
   def __init__(self, new: str):
     self.new = new
 
-  def create_module(self, spec) -> types.ModuleType:
+  def create_module(self, spec):
     # Imported only now, when the old path is: nothing (TensorFlow included) is imported earlier
     # than the old module itself imported it.
     module = importlib.import_module(self.new)
@@ -95,14 +91,18 @@ class _AliasLoader(importlib.abc.Loader):
     module.__spec__ = self.spec
 
 
-class _MovedModuleFinder(importlib.abc.MetaPathFinder):
+class _MovedModuleFinder:  # An importlib.abc.MetaPathFinder.
   """Resolves the old paths of MOVED, after every real finder (a real module always wins)."""
 
-  def find_spec(self, fullname, path=None, target=None) -> Optional[importlib.machinery.ModuleSpec]:
+  def find_spec(self, fullname, path=None, target=None):
+    """An importlib.machinery.ModuleSpec for an old path of MOVED, None for any other name."""
     del path, target
     new = MOVED.get(fullname)
     if new is None:
       return None
+    # Imported here, not with the package: `import tff_decorr` stays as light as it was.
+    import importlib.machinery  # pylint: disable=g-import-not-at-top,redefined-outer-name
+    import warnings  # pylint: disable=g-import-not-at-top
     from tff_decorr.run.deprecated_flags import REMOVED_IN  # pylint: disable=g-import-not-at-top
     warnings.warn(f'{fullname} moved to {new}; the old path is deprecated and will be removed in '
                   f'tff_decorr {REMOVED_IN} (this is {__version__}): import {new}.',
@@ -110,5 +110,15 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder):
     return importlib.machinery.ModuleSpec(fullname, _AliasLoader(new))
 
 
+def _remove_finder() -> None:
+  """Takes the finder off sys.meta_path at exit (atexit: after the exit handlers registered later,
+  which may still import an old path). Left there, it keeps this package's globals alive into the
+  interpreter's finalisation and changes the order modules are torn down in, enough for TFF
+  0.87's default context to print an ignored exception at exit (its __del__ running after
+  `subprocess` is gone)."""
+  sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _MovedModuleFinder)]
+
+
 if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
   sys.meta_path.append(_MovedModuleFinder())
+  atexit.register(_remove_finder)
