@@ -153,7 +153,8 @@ def _read_metrics_csv(path: str):
 def _tensorboard_rows(tb_dir: str, rounds: Sequence[int]) -> dict:
   """{round: {tag: value}} from the event files under `tb_dir`: the newest value of each round's
   scalar (a round run again after a crash was written twice). A truncated event file gives what
-  it holds before the cut."""
+  it holds before the cut. The run's HParams records (its hyper-parameters, its final metrics) are
+  not per-round metrics and are left out."""
   wanted, newest = set(rounds), {}
   for path in sorted(glob.glob(os.path.join(tb_dir, 'events.out.tfevents.*'))):
     try:
@@ -162,6 +163,9 @@ def _tensorboard_rows(tb_dir: str, rounds: Sequence[int]) -> dict:
         if event.step not in wanted:
           continue
         for v in event.summary.value:
+          if (v.tag in tensorboard_hparams.FINAL_TAGS or
+              v.metadata.plugin_data.plugin_name == 'hparams'):
+            continue
           value = (float(tf.make_ndarray(v.tensor)) if v.HasField('tensor')
                    else float(v.simple_value))
           key = (int(event.step), v.tag)

@@ -29,6 +29,8 @@ METRICS: Tuple[Tuple[str, str], ...] = (
     ('best_round', 'round of the best test accuracy'),
     ('train_loss', 'last training loss'),
 )
+# The scalars a run writes once, at its end (not per round: program.repair_metrics skips them).
+FINAL_TAGS = ('final_test_accuracy', 'best_test_accuracy', 'best_round')
 # Where a run reads and writes, and how it reaches its workers: not hyper-parameters.
 NOT_HPARAMS = ('output_dir', 'data_dir', 'cache_dir', 'workers',
                'max_concurrent_computation_calls')
@@ -85,8 +87,8 @@ def write_final(writer, summary: Mapping[str, Any]) -> None:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   step = int(summary['final_round'])
   with writer.as_default():
-    for tag, _ in METRICS:
-      if tag in summary and tag != 'train_loss':
+    for tag in FINAL_TAGS:
+      if tag in summary:
         tf.summary.scalar(tag, float(summary[tag]), step=step)
   writer.flush()
 
