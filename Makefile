@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh Debian machine with Python 3.11:
 #   make train   set up, then run the main job (bazel run //bin:train; pass flags with ARGS="...")
-#   make test    set up, then run the whole test suite (bazel test //...)
+#   make test    set up (and test-system-packages: Chromium), then run the whole test suite
+#                (bazel test //...)
 # `make setup` alone installs system packages (apt), creates .venv, installs the pinned lock and
 # builds the library that keeps TFF's worker on loopback (tff_decorr/federated/loopback.py).
 
@@ -14,7 +15,7 @@ STAMP := $(VENV)/.requirements.sha256
 ARGS ?=
 BAZEL_TEST_ARGS ?=
 
-.PHONY: setup system-packages venv train test clean
+.PHONY: setup system-packages test-system-packages venv train test clean
 
 setup: system-packages venv
 
@@ -31,6 +32,16 @@ system-packages:
 	fi
 	@$(PYTHON311) -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null || \
 	  { echo "setup: Python 3.11 is required (TFF 0.87 supports < 3.12); set PYTHON311=/path/to/python3.11" >&2; exit 1; }
+
+# What only the tests need, not training: a browser for tests/report_test.py, which renders
+# bin/report's page in headless Chromium (that test is skipped, saying why, where none is found).
+test-system-packages:
+	@missing=""; \
+	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+	  echo "setup: installing test system packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
 
 # The lock is installed with --no-deps: pip's resolver cannot satisfy TFF 0.87's own pins
 # (jaxlib 0.4.14 is gone from the index; protobuf constraints conflict), see requirements.txt.
@@ -51,7 +62,7 @@ train: setup
 
 # Bazel's own summary is not a line CI tools read, so the last line restates it as
 # "N passed, N failed" (counted from Bazel's per-target result lines).
-test: setup
+test: setup test-system-packages
 	@set -o pipefail; bazel test //... $(BAZEL_TEST_ARGS) 2>&1 | tee .bazel-test.log; rc=$$?; \
 	passed=$$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' .bazel-test.log); \
 	failed=$$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE)' .bazel-test.log); \

@@ -6,9 +6,10 @@ r"""The report of a study (bin/study): table, accuracy curves, collapse spectra,
 Reads <study_dir>/study.json for the runs of the study and each run's summary.json and
 metrics.csv for how far it got. Writes table.md and table.csv (per configuration, over seeds: mean
 ± std of the final and best test accuracy of the finished runs, seeds done, each regulariser minus
---regularizer=none), curves.png (test accuracy per round, mean with a ±std band), spectra.png (the
-representation spectrum of each configuration's exported models over the task's test split, when
-exports exist) and report.html (all of it on one self-contained page). Unfinished runs are listed,
+--regularizer=none), with --latex table.tex, curves.png (test accuracy per round, mean with a ±std
+band), spectra.png (the representation spectrum of each configuration's exported models over the
+task's test split, relative to its largest value, when exports exist), each figure also as .svg
+and .pdf, and report.html (all of it on one self-contained page). Unfinished runs are listed,
 never averaged in. Bad input exits 2 with one line naming the flag. Logic: tff_decorr/run/report.py.
 """
 
@@ -21,7 +22,9 @@ from absl import app
 from absl import flags
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-from tff_decorr.run import tf_env  # pylint: disable=g-import-not-at-top,unused-import  (before TF)
+from tff_decorr.run import tf_env  # pylint: disable=g-import-not-at-top  (before TF)
+if __name__ == '__main__':
+  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (issue 31)
 # As in bin/train: TensorFlow imported before app.run (the spectra load SavedModels).
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
@@ -41,6 +44,8 @@ _MAX_EXAMPLES = flags.DEFINE_integer('max_examples', 0, 'Spectra over the first 
                                      'only (0: all).')
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 256, 'Test batch size of the spectra (memory '
                                    'only).')
+_LATEX = flags.DEFINE_bool('latex', False, 'Also write the table as LaTeX, table.tex (booktabs, '
+                           'mean ± std, the best value of each column in bold).')
 
 
 def main(argv: Sequence[str]) -> int:
@@ -63,7 +68,8 @@ def _main() -> int:
   written = report.build(study_dir, output_dir, spectra=_SPECTRA.value,
                          data_dir=cli.user_path(_DATA_DIR.value or '') or None,
                          max_examples=_MAX_EXAMPLES.value or None,
-                         batch_size=_BATCH_SIZE.value, log=lambda s: print(s, flush=True))
+                         batch_size=_BATCH_SIZE.value, log=lambda s: print(s, flush=True),
+                         latex_table=_LATEX.value)
   with open(written['markdown']) as f:
     print(f.read().split('\n- ')[0].rstrip())  # The table.
   for kind, path in written.items():

@@ -100,6 +100,7 @@ def _main() -> int:
                            'directory you can write.') from None
   for note in plan.notes:
     logging.info('plan: %s', note)
+  study.write_tensorboard_config(study_dir, plan)  # tensorboard --logdir=<study_dir>: HParams.
   dropped = study.dropped_cells(study_dir, plan)
   if dropped:
     logging.warning('study.json listed %d run(s) this grid does not have (%s%s); the new grid '

@@ -15,10 +15,21 @@ import subprocess
 import tempfile
 
 from absl.testing import absltest
+from matplotlib import colors as mcolors
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 import numpy as np
 import tensorflow as tf
 
 from tests import testutil
+
+_CHROMIUM_NAMES = ('chromium', 'chromium-browser', 'google-chrome')
+# Headless Chromium that reaches nothing but this machine: no background services, and every host
+# name but 127.0.0.1 fails to resolve (the page is a file:// URL and fetches nothing anyway).
+_CHROMIUM_FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--hide-scrollbars',
+                   '--no-first-run', '--disable-background-networking', '--disable-sync',
+                   '--disable-component-update', '--disable-default-apps',
+                   '--disable-extensions', '--disable-domain-reliability',
+                   '--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1']
 
 _TINY = ['--num_clients=4', '--local_epochs=1', '--batch_size=64', '--rounds=2', '--runtime=tf']
 
@@ -57,7 +68,7 @@ class ReportTest(absltest.TestCase):
            'the first planned run')
     cls.out = os.path.join(cls.tmp, 'report')
     cls.proc = _check(testutil.run_module('bin.report', f'--study_dir={cls.study_dir}',
-                                          f'--output_dir={cls.out}'), 'bin/report')
+                                          f'--output_dir={cls.out}', '--latex'), 'bin/report')
     with open(os.path.join(cls.out, 'table.csv'), newline='') as f:
       cls.rows = {r['regularizer']: r for r in csv.DictReader(f)}
     # The runs as their own files say, not as the report read them.
@@ -148,6 +159,102 @@ class ReportTest(absltest.TestCase):
       self.assertTrue(os.path.exists(os.path.join(self.out, name)), name)
     self.assertIn(f'wrote html: {os.path.join(self.out, "report.html")}', self.proc.stdout)
 
+  def test_figures_in_three_formats(self):
+    for name in ('curves', 'spectra'):
+      with open(os.path.join(self.out, f'{name}.svg'), 'rb') as f:
+        self.assertIn(b'<svg', f.read(4000))
+      with open(os.path.join(self.out, f'{name}.pdf'), 'rb') as f:
+        self.assertEqual(f.read(5), b'%PDF-')
+      for fmt in ('png', 'svg', 'pdf'):
+        self.assertIn(f'wrote {name}_{fmt}: {os.path.join(self.out, f"{name}.{fmt}")}',
+                      self.proc.stdout)
+
+  def test_latex_table_bolds_the_best_mean(self):
+    with open(os.path.join(self.out, 'table.tex')) as f:
+      tex = f.read()
+    for rule in (r'\toprule', r'\midrule', r'\bottomrule', r'\begin{tabular}'):
+      self.assertIn(rule, tex)
+    # The best final accuracy, from the runs' own summary.json files, not from the report.
+    means = {reg: np.mean([s['final_test_accuracy'] for _, s in self._finished(reg)])
+             for reg in ('none', 'feddecorr')}
+    best = max(means, key=means.get)
+    line = next(l for l in tex.splitlines() if l.startswith(best + ' &'))
+    self.assertIn(rf'\textbf{{{100 * means[best]:.2f} $\pm$', line)
+    other = next(l for l in tex.splitlines() if l.startswith(
+        ('feddecorr' if best == 'none' else 'none') + ' &'))
+    if f'{100 * means["none"]:.2f}' != f'{100 * means["feddecorr"]:.2f}':  # Not a printed tie.
+      self.assertNotIn(rf'\textbf{{{100 * means[best]:.2f}', other)
+
+  def test_report_renders_in_chromium(self):
+    """report.html in a real browser: every figure decodes (naturalWidth > 0) and the page's
+    screenshot is not blank."""
+    chromium = next(filter(None, map(shutil.which, _CHROMIUM_NAMES)), None)
+    if chromium is None:
+      self.skipTest(f'no Chromium ({", ".join(_CHROMIUM_NAMES)}) on PATH; `make test` installs '
+                    'it (make test-system-packages: apt-get install chromium)')
+    page = os.path.join(self.out, 'report.html')
+    with open(page) as f:
+      html = f.read()
+    n_images = html.count('<img ')
+    self.assertEqual(n_images, 2)
+    # A copy of the page with a script that reports each image's decoded size in the title
+    # (the report itself has no script).
+    probe = os.path.join(self.tmp, 'probe.html')
+    with open(probe, 'w') as f:
+      f.write(html.replace('</body>', '<script>window.addEventListener("load", () => {'
+                           'document.title = "sizes:" + Array.from(document.images, i => '
+                           'i.complete ? i.naturalWidth + "x" + i.naturalHeight : "0x0")'
+                           '.join(",");});</script></body>'))
+    profile = os.path.join(self.tmp, 'chromium-profile')
+    run = lambda *args: subprocess.run(
+        [chromium, *_CHROMIUM_FLAGS, f'--user-data-dir={profile}', '--virtual-time-budget=5000',
+         *args], capture_output=True, text=True, timeout=120)
+    proc = run('--dump-dom', f'file://{probe}')
+    self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+    title = re.search(r'<title>sizes:([^<]*)</title>', proc.stdout)
+    self.assertIsNotNone(title, proc.stdout[:500])
+    sizes = [tuple(map(int, s.split('x'))) for s in title.group(1).split(',')]
+    self.assertLen(sizes, n_images)
+    for width, height in sizes:
+      self.assertGreater(width, 300)  # Decoded: a broken image has naturalWidth 0.
+      self.assertGreater(height, 200)
+    shot = os.path.join(self.tmp, 'report.png')
+    proc = run(f'--screenshot={shot}', '--window-size=1400,900', f'file://{page}')
+    self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+    pixels = tf.io.decode_png(open(shot, 'rb').read(), channels=3).numpy().astype(np.float64)
+    self.assertEqual(pixels.shape[:2], (900, 1400))
+    self.assertGreater(pixels.std(), 10)  # Not one colour: the table and figures are drawn.
+    self.assertGreater(np.mean(pixels.mean(-1) < 128), 0.005)  # Some dark ink (text, lines).
+
+  def test_tensorboard_hparams(self):
+    """`tensorboard --logdir=<study_dir>`: the study's experiment at the root, each run's hparams
+    and final metrics in its tensorboard/, read back from the event files."""
+    experiments = testutil.hparams_events(self.study_dir)['experiment']
+    self.assertLen(experiments, 1)  # The last bin/study invocation's: seeds 0, 1, 2.
+    infos = {h.name: sorted(testutil.hparam_value(v) for v in h.domain_discrete.values)
+             for h in experiments[0].hparam_infos}
+    self.assertEqual(infos, {'regularizer': ['feddecorr', 'none'], 'seed': [0, 1, 2]})
+    self.assertIn('final_test_accuracy', [m.name.tag for m in experiments[0].metric_infos])
+    for name, config, summary in self.runs:
+      events = testutil.hparams_events(os.path.join(self.study_dir, 'runs', name, 'tensorboard'))
+      self.assertNotEmpty(events['session_start'], name)
+      values = {k: testutil.hparam_value(v)
+                for k, v in events['session_start'][0].hparams.items()}
+      for key in ('regularizer', 'seed', 'algorithm', 'client_lr', 'num_clients'):
+        self.assertEqual(values[key], config[key], (name, key))
+      if config['regularizer'] == 'feddecorr':
+        self.assertAlmostEqual(values['feddecorr_beta'], config['hparams']['feddecorr']['beta'])
+      self.assertAlmostEqual(values['dirichlet_alpha'], config['hparams']['dirichlet']['alpha'])
+      self.assertEqual(events['session_start'][0].group_name, name)
+      if summary is not None:  # Finished (also the one stopped after 1 of 2 rounds).
+        step, value = events['scalars']['final_test_accuracy'][-1]
+        self.assertEqual(step, summary['final_round'])
+        self.assertAlmostEqual(value, summary['final_test_accuracy'], places=6)
+        self.assertAlmostEqual(events['scalars']['best_test_accuracy'][-1][1],
+                               summary['best_test_accuracy'], places=6)
+      else:
+        self.assertNotIn('final_test_accuracy', events['scalars'])
+
   def test_without_spectra(self):
     out = os.path.join(self.tmp, 'nospectra')
     proc = _check(testutil.run_module('bin.report', f'--study_dir={self.study_dir}',
@@ -213,6 +320,123 @@ class GroupTest(absltest.TestCase):
     self.assertEqual(report._curve_axes(['dirichlet_alpha', 'regularizer', 'feddecorr_beta',
                                          'seed']),
                      (['regularizer', 'feddecorr_beta'], ['dirichlet_alpha']))
+
+
+class FiguresTest(absltest.TestCase):
+  """bin/report's figures and LaTeX from runs built here: 2 algorithms x 2 regularisers x 2
+  --dirichlet_alpha x 2 seeds, with curves and spectra of very different scales."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    from tff_decorr.run import report  # pylint: disable=g-import-not-at-top
+    cls.tmp = tempfile.mkdtemp()
+    cls.axes = ['dirichlet_alpha', 'algorithm', 'regularizer', 'fedprox_mu', 'seed']
+    rng = np.random.default_rng(0)
+    runs = []
+    for alpha in ('0.1', '0.5'):
+      for algorithm in ('fedavg', 'fedprox'):
+        for regularizer in ('none', 'feddecorr'):
+          for seed in (0, 1):
+            flags = {'dirichlet_alpha': alpha, 'algorithm': algorithm, 'regularizer': regularizer,
+                     'seed': str(seed)}
+            if algorithm == 'fedprox':
+              flags['fedprox_mu'] = '0.01'
+            path = os.path.join(cls.tmp, f'run{len(runs)}')
+            os.makedirs(path)
+            acc = np.sort(rng.uniform(0.1, 0.6, 5))
+            with open(os.path.join(path, 'metrics.csv'), 'w') as f:
+              f.write('round,test_accuracy\n' + ''.join(f'{r + 1},{a}\n' for r, a in
+                                                         enumerate(acc)))
+            run = report.Run(name=f'run{len(runs)}', path=path, flags=flags, rounds=5,
+                             status='done', rounds_done=5, log='',
+                             summary={'final_test_accuracy': acc[-1],
+                                      'best_test_accuracy': acc.max()})
+            # Scales from 1e3 down to 1e-80 of the largest: the raw log axis would span 83 decades.
+            run.spectrum = 1e3 * np.geomspace(1, 1e-80, 64) * rng.uniform(0.5, 2)
+            runs.append(run)
+    cls.rows = report.group(runs, cls.axes)
+    cls.curves = report.curves(cls.rows, cls.axes)
+    cls.spectra = report.spectra_panels(cls.rows, cls.axes)
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.tmp, ignore_errors=True)
+    super().tearDownClass()
+
+  @staticmethod
+  def _drawn(fig):
+    """{label: hex colour} of the lines of every axes, after drawing."""
+    FigureCanvasAgg(fig).draw()
+    out = {}
+    for ax in fig.axes:
+      for line in ax.get_lines():
+        if not line.get_label().startswith('_'):
+          color = mcolors.to_hex(line.get_color())
+          assert out.setdefault(line.get_label(), color) == color, line.get_label()
+    return out
+
+  def test_short_labels_name_only_what_differs(self):
+    labels = {c['label'] for curves in self.curves.values() for c in curves}
+    self.assertEqual(labels, {'fedavg + none', 'fedavg + feddecorr', 'fedprox + none',
+                              'fedprox + feddecorr'})
+    self.assertEqual(list(self.curves), ['dirichlet_alpha=0.1', 'dirichlet_alpha=0.5'])
+    self.assertEqual(list(self.spectra), list(self.curves))  # The same panels.
+
+  def test_one_colour_per_configuration_in_every_figure(self):
+    from tff_decorr.collapse import plots  # pylint: disable=g-import-not-at-top
+    curves = self._drawn(plots.curves_figure(self.curves))
+    spectra = self._drawn(plots.spectra_figure(self.spectra))
+    self.assertEqual(curves, spectra)
+    self.assertLen(set(curves.values()), 4)  # Four configurations, four colours.
+
+  def test_spectra_are_relative_and_cut_at_the_floor(self):
+    from tff_decorr.collapse import plots  # pylint: disable=g-import-not-at-top
+    fig = plots.spectra_figure(self.spectra)
+    FigureCanvasAgg(fig).draw()
+    for ax in fig.axes:
+      low, high = ax.get_ylim()
+      self.assertGreaterEqual(low, plots.RELATIVE_FLOOR)
+      self.assertLessEqual(high, 10)
+      for line in ax.get_lines():
+        y = np.asarray(line.get_ydata(), dtype=np.float64)
+        y = y[np.isfinite(y)]
+        self.assertAlmostEqual(y.max(), 1.0)
+        self.assertGreaterEqual(y.min(), plots.RELATIVE_FLOOR)
+
+  def test_legends_are_outside_the_axes(self):
+    from tff_decorr.collapse import plots  # pylint: disable=g-import-not-at-top
+    for fig in (plots.curves_figure(self.curves), plots.spectra_figure(self.spectra)):
+      renderer = FigureCanvasAgg(fig).get_renderer()
+      fig.draw(renderer)
+      self.assertLen(fig.legends, 1)
+      self.assertEqual([ax.get_legend() for ax in fig.axes], [None] * len(fig.axes))
+      legend = fig.legends[0].get_window_extent(renderer)
+      for ax in fig.axes:
+        self.assertFalse(legend.overlaps(ax.get_window_extent(renderer)),
+                         (legend, ax.get_window_extent(renderer)))
+      # And inside what is saved (bbox_inches='tight'): not cut off.
+      saved = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)
+      self.assertTrue(saved.x1 >= legend.x1 and saved.y0 <= legend.y0, (saved, legend))
+
+  def test_latex_bolds_each_columns_best(self):
+    from tff_decorr.run import report  # pylint: disable=g-import-not-at-top
+    tex = report.latex(self.rows, self.axes, spectra=False)
+    self.assertIn(r'\toprule', tex)
+    self.assertIn(r'\bottomrule', tex)
+    self.assertIn(r'dirichlet\_alpha', tex)  # Escaped.
+    body = tex.split('\\midrule\n')[1].split('\\bottomrule')[0].splitlines()
+    self.assertLen(body, len(self.rows))
+    # The best final accuracy computed here from the runs' summaries, grouped by hand.
+    means = {}
+    for row in self.rows:
+      means[row.label] = np.mean([r.summary['final_test_accuracy'] for r in row.runs])
+    best_label = max(means, key=means.get)
+    best_row = next(i for i, row in enumerate(self.rows) if row.label == best_label)
+    final_cells = [line.split(' & ')[len(self.axes)] for line in body]  # After axes and seeds.
+    self.assertEqual(final_cells[best_row], rf'\textbf{{{100 * means[best_label]:.2f} $\pm$ '
+                     rf'{100 * np.std([r.summary["final_test_accuracy"] for r in self.rows[best_row].runs], ddof=1):.2f}}}')
+    self.assertLen([c for c in final_cells if c.startswith(r'\textbf')], 1)
 
 
 if __name__ == '__main__':

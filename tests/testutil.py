@@ -123,3 +123,35 @@ def dp_epsilon_reference(releases, delta: float) -> float:
     if a > 1.01:
       best = min(best, rdp + np.log1p(-1 / a) - np.log(delta * a) / (a - 1))
   return max(0.0, best)
+
+
+def hparams_events(logdir: str) -> dict:
+  """What the event files directly in `logdir` hold for TensorBoard's HParams dashboard, parsed
+  from the hparams plugin's protobuf content (not through tff_decorr):
+  {'session_start': [SessionStartInfo, ...], 'experiment': [Experiment, ...],
+   'scalars': {tag: [(step, value), ...]}}."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorboard.plugins.hparams import plugin_data_pb2  # pylint: disable=g-import-not-at-top
+  out = {'session_start': [], 'experiment': [], 'scalars': {}}
+  for path in sorted(glob.glob(os.path.join(logdir, 'events.out.tfevents.*'))):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        plugin = value.metadata.plugin_data
+        if plugin.plugin_name == 'hparams':
+          data = plugin_data_pb2.HParamsPluginData.FromString(plugin.content)
+          if data.HasField('session_start_info'):
+            out['session_start'].append(data.session_start_info)
+          if data.HasField('experiment'):
+            out['experiment'].append(data.experiment)
+        elif value.HasField('tensor'):
+          out['scalars'].setdefault(value.tag, []).append(
+              (event.step, float(tf.make_ndarray(value.tensor))))
+  return out
+
+
+def hparam_value(value) -> object:
+  """A google.protobuf.Value of the hparams plugin as Python (bool, number or string)."""
+  kind = value.WhichOneof('kind')
+  return {'bool_value': value.bool_value, 'number_value': value.number_value,
+          'string_value': value.string_value}.get(kind)

@@ -8,11 +8,30 @@ Layers (docs/DESIGN.md): components (hparams, regularizers, partitions, models/,
 the round and its runtimes (runtimes/), the TFF face (federated/), the run program (run/), and
 collapse measurement (collapse/). Submodules are imported on first use, so importing the package
 itself does not import TensorFlow.
+
+The flat module paths used before the subpackages (`tff_decorr.config`, `from tff_decorr import
+learning`, ...; `MOVED`) still import, as the very module of the new path, with a
+DeprecationWarning naming it, until release `deprecated_flags.REMOVED_IN` (docs/api.md).
 """
 
+import atexit
 import importlib
+import sys
 
 __version__ = '0.2.0'
+
+# Old module path (before the subpackage regroup, commit 1c5fa3b) -> its module today. Removing
+# these in release REMOVED_IN is deleting this table and `_MovedModuleFinder` below.
+MOVED = {
+    **{f'tff_decorr.{m}': f'tff_decorr.federated.{m}'
+       for m in ('learning', 'tff_context', 'aggregation')},
+    **{f'tff_decorr.{m}': f'tff_decorr.run.{m}'
+       for m in ('config', 'deprecated_flags', 'training', 'experiment', 'program',
+                 'client_state', 'run_dir', 'export', 'personalized', 'cli', 'tf_env', 'study',
+                 'report')},
+    **{f'tff_decorr.{m}': f'tff_decorr.collapse.{m}'
+       for m in ('analysis', 'plots', 'collapse_tracking')},
+}
 
 
 def lazy_submodules(package: str):
@@ -37,3 +56,69 @@ def __getattr__(name):
     from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
     return training.train
   return _submodule(name)
+
+
+def _importer_stacklevel() -> int:
+  """The stacklevel of the first frame outside the import machinery and this package's lazy
+  attributes: the line that imported the old path, which the warning then names. (warnings does
+  not count importlib's frozen _bootstrap frames.)"""
+  level, frame = 2, sys._getframe(2)  # pylint: disable=protected-access  (the caller's caller)
+  machinery = (__file__, importlib.__file__)
+  while frame is not None and (frame.f_code.co_filename in machinery or
+                               frame.f_code.co_filename.startswith('<frozen importlib.')):
+    if not frame.f_code.co_filename.startswith('<frozen importlib.'):
+      level += 1
+    frame = frame.f_back
+  return level
+
+
+class _AliasLoader:  # An importlib.abc.Loader; importing only `importlib` and `sys` here.
+  """Gives the module of the new path itself as the old path's module (one object, one state)."""
+
+  def __init__(self, new: str):
+    self.new = new
+
+  def create_module(self, spec):
+    # Imported only now, when the old path is: nothing (TensorFlow included) is imported earlier
+    # than the old module itself imported it.
+    module = importlib.import_module(self.new)
+    self.spec = module.__spec__
+    return module
+
+  def exec_module(self, module) -> None:
+    # Already executed under its new name; importlib set __spec__ to the old path's: put the
+    # module's own back (importlib.reload, pickling by reference).
+    module.__spec__ = self.spec
+
+
+class _MovedModuleFinder:  # An importlib.abc.MetaPathFinder.
+  """Resolves the old paths of MOVED, after every real finder (a real module always wins)."""
+
+  def find_spec(self, fullname, path=None, target=None):
+    """An importlib.machinery.ModuleSpec for an old path of MOVED, None for any other name."""
+    del path, target
+    new = MOVED.get(fullname)
+    if new is None:
+      return None
+    # Imported here, not with the package: `import tff_decorr` stays as light as it was.
+    import importlib.machinery  # pylint: disable=g-import-not-at-top,redefined-outer-name
+    import warnings  # pylint: disable=g-import-not-at-top
+    from tff_decorr.run.deprecated_flags import REMOVED_IN  # pylint: disable=g-import-not-at-top
+    warnings.warn(f'{fullname} moved to {new}; the old path is deprecated and will be removed in '
+                  f'tff_decorr {REMOVED_IN} (this is {__version__}): import {new}.',
+                  DeprecationWarning, stacklevel=_importer_stacklevel())
+    return importlib.machinery.ModuleSpec(fullname, _AliasLoader(new))
+
+
+def _remove_finder() -> None:
+  """Takes the finder off sys.meta_path at exit (atexit: after the exit handlers registered later,
+  which may still import an old path). Left there, it keeps this package's globals alive into the
+  interpreter's finalisation and changes the order modules are torn down in, enough for TFF
+  0.87's default context to print an ignored exception at exit (its __del__ running after
+  `subprocess` is gone)."""
+  sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _MovedModuleFinder)]
+
+
+if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
+  sys.meta_path.append(_MovedModuleFinder())
+  atexit.register(_remove_finder)

@@ -8,7 +8,7 @@ in headless training jobs and inside tests whatever backend another module selec
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -35,12 +35,53 @@ def _plot_curve(ax, sv: np.ndarray, top: int, label: str, **kwargs) -> None:
   ax.plot(index, np.where(head > 0, head, np.nan), label=label, **kwargs)
 
 
-def _save(fig: Figure, path: str) -> str:
+# The relative floor of normalised spectra (bin/report): singular values below 1e-7 of a spectrum's
+# largest are numerical noise of a float32 covariance, and drawing them would stretch the log axis
+# over dozens of decades (to 1e-77) and flatten everything that matters.
+RELATIVE_FLOOR = 1e-7
+# Formats every bin/report figure is written in: PNG for the page, SVG and PDF for papers.
+FORMATS = ('png', 'svg', 'pdf')
+
+
+def _save(fig: Figure, path: str, formats: Sequence[str] = ()) -> str:
+  """Writes `path`, and beside it the same figure in each of `formats` (its extension replaced);
+  returns `path`."""
   parent = os.path.dirname(os.path.abspath(path))
   os.makedirs(parent, exist_ok=True)
   FigureCanvasAgg(fig)
-  fig.savefig(path, dpi=120, bbox_inches='tight')
+  stem, ext = os.path.splitext(path)
+  for target in dict.fromkeys([path, *(f'{stem}.{f}' for f in formats if f != ext[1:])]):
+    # No creation date in the PDF/SVG metadata: re-running a report changes only what changed.
+    metadata = ({'CreationDate': None} if target.endswith('.pdf') else
+                {'Date': None} if target.endswith('.svg') else None)
+    fig.savefig(target, dpi=120, bbox_inches='tight', metadata=metadata)
   return path
+
+
+def figure_paths(path: str, formats: Sequence[str] = FORMATS) -> Dict[str, str]:
+  """{format: file} that `_save(fig, path, formats)` writes."""
+  stem, ext = os.path.splitext(path)
+  return {ext[1:]: path, **{f: f'{stem}.{f}' for f in formats if f != ext[1:]}}
+
+
+def legend_outside(fig: Figure, axes: Sequence[Any], fontsize: float = 8) -> Any:
+  """One legend for the figure, right of every axes (never over a curve), each label once (a
+  configuration drawn in several panels is one entry). Call after the layout is final."""
+  handles: Dict[str, Any] = {}
+  for ax in axes:
+    for handle, label in zip(*ax.get_legend_handles_labels()):
+      handles.setdefault(label, handle)
+  right = max(ax.get_position().x1 for ax in axes)
+  top = max(ax.get_position().y1 for ax in axes)
+  return fig.legend(list(handles.values()), list(handles), loc='upper left',
+                    bbox_to_anchor=(right + 0.01, top), bbox_transform=fig.transFigure,
+                    fontsize=fontsize, frameon=False, borderaxespad=0.0)
+
+
+def _grid(n: int, width: float, height: float):
+  cols = min(3, n)
+  rows = (n + cols - 1) // cols
+  return rows, cols, Figure(figsize=(width * cols, height * rows))
 
 
 def _finish_axes(ax, last: int, title: Optional[str]) -> None:
@@ -122,30 +163,29 @@ def plot_confusion_matrix(conf: Any, path: str, title: Optional[str] = None) -> 
                            ylabel='true class', row_normalize=True)
 
 
-def plot_curves(panels: Mapping[str, Any], path: str, xlabel: str = 'round',
-                ylabel: str = 'test accuracy', title: Optional[str] = None) -> str:
-  """Curves on one axes per panel (bin/report's accuracy per round).
+def curves_figure(panels: Mapping[str, Sequence[Mapping[str, Any]]], xlabel: str = 'round',
+                  ylabel: str = 'test accuracy', title: Optional[str] = None) -> Figure:
+  """Curves on one axes per panel (bin/report's accuracy per round), one legend outside them.
 
   `panels` maps a panel title to a list of curves, each a mapping with 'label', 'x', 'y', and
-  optionally 'std' (drawn as a +-std band around y) and 'incomplete' (drawn dotted, thin: a run
-  that has not finished, shown but never part of a mean)."""
+  optionally 'color' (the same configuration keeps its colour in every panel and figure; default:
+  the next of matplotlib's cycle), 'std' (drawn as a +-std band around y) and 'incomplete' (drawn
+  dotted, thin, with markers: a run that has not finished, shown but never part of a mean)."""
   if not panels:
     raise ValueError('panels must hold at least one panel of curves.')
-  cols = min(3, len(panels))
-  rows = (len(panels) + cols - 1) // cols
-  fig = Figure(figsize=(5.2 * cols, 3.9 * rows))
+  rows, cols, fig = _grid(len(panels), 4.6, 3.5)
+  axes = []
   for i, (panel, curves) in enumerate(panels.items()):
-    ax = fig.add_subplot(rows, cols, i + 1)
-    k = 0
-    for curve in curves:
+    ax = fig.add_subplot(rows, cols, i + 1, sharey=axes[0] if axes else None)
+    axes.append(ax)
+    for k, curve in enumerate(curves):
       x = np.asarray(curve['x'], dtype=np.float64)
       y = np.asarray(curve['y'], dtype=np.float64)
+      color = curve.get('color') or f'C{k % 10}'
       if curve.get('incomplete'):  # Markers: a run stopped after one round is a single point.
-        ax.plot(x, y, linestyle=':', linewidth=1.0, marker='x', markersize=4, color='0.4',
+        ax.plot(x, y, linestyle=':', linewidth=1.0, marker='x', markersize=4, color=color,
                 label=curve['label'])
         continue
-      color = f'C{k % 10}'
-      k += 1
       ax.plot(x, y, color=color, label=curve['label'])
       if curve.get('std') is not None:
         std = np.asarray(curve['std'], dtype=np.float64)
@@ -156,8 +196,76 @@ def plot_curves(panels: Mapping[str, Any], path: str, xlabel: str = 'round',
     ax.grid(True, alpha=0.3)
     if panel:
       ax.set_title(panel, fontsize=10)
-    ax.legend(loc='lower right', fontsize=7)
   if title:
     fig.suptitle(title)
   fig.tight_layout()
-  return _save(fig, path)
+  legend_outside(fig, axes)
+  return fig
+
+
+def plot_curves(panels: Mapping[str, Any], path: str, xlabel: str = 'round',
+                ylabel: str = 'test accuracy', title: Optional[str] = None,
+                formats: Sequence[str] = ()) -> str:
+  """`curves_figure` written to `path` (and beside it in `formats`, e.g. FORMATS)."""
+  return _save(curves_figure(panels, xlabel, ylabel, title), path, formats)
+
+
+def relative_spectrum(sv: Any, floor: float = RELATIVE_FLOOR, name: str = 'sv') -> np.ndarray:
+  """Descending singular values divided by the largest, NaN (not drawn) below `floor`: what
+  `spectra_figure` draws, so spectra of differently scaled representations compare by shape."""
+  sv = _spectrum(sv, name)
+  if sv.size == 0 or sv[0] <= 0:
+    return np.full(sv.shape, np.nan)
+  rel = sv / sv[0]
+  return np.where(rel >= floor, rel, np.nan)
+
+
+def spectra_figure(panels: Mapping[str, Sequence[Mapping[str, Any]]], top: int = 100,
+                   floor: float = RELATIVE_FLOOR,
+                   title: Optional[str] = 'Singular values of the representation covariance'
+                   ) -> Figure:
+  """Normalised spectra on one axes per panel, panels and colours as `curves_figure`'s.
+
+  `panels` maps a panel title to a list of spectra, each a mapping with 'label', 'sv' (singular
+  values, any order) and optionally 'color'. Each spectrum is divided by its largest value and
+  cut at `floor` (relative_spectrum), so the log y-axis spans [floor, 1] and says so."""
+  if not panels:
+    raise ValueError('panels must hold at least one panel of spectra.')
+  _check_top(top)
+  if not 0 < floor < 1:
+    raise ValueError(f'floor must be in (0, 1); got {floor!r}.')
+  rows, cols, fig = _grid(len(panels), 4.6, 3.5)
+  axes = []
+  longest = 1
+  for i, (panel, spectra) in enumerate(panels.items()):
+    ax = fig.add_subplot(rows, cols, i + 1, sharey=axes[0] if axes else None)
+    axes.append(ax)
+    for k, item in enumerate(spectra):
+      rel = relative_spectrum(item['sv'], floor, f'{panel}: {item["label"]}')[:top]
+      longest = max(longest, rel.size)
+      ax.plot(np.arange(1, rel.size + 1), rel, color=item.get('color') or f'C{k % 10}',
+              label=item['label'])
+    ax.set_yscale('log')
+    ax.set_xlabel('index k (descending)')
+    ax.set_ylabel('singular value / largest')
+    ax.grid(True, which='both', alpha=0.3)
+    if panel:
+      ax.set_title(panel, fontsize=10)
+  for ax in axes:
+    ax.set_xlim(1, max(longest, 2))
+    ax.set_ylim(floor, 2.0)
+  fig.text(0.01, 0.0, f'Each spectrum divided by its largest value; values below {floor:g} of it '
+           'are not drawn.', fontsize=7, ha='left', va='top')
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  legend_outside(fig, axes)
+  return fig
+
+
+def plot_spectra_panels(panels: Mapping[str, Sequence[Mapping[str, Any]]], path: str,
+                        top: int = 100, floor: float = RELATIVE_FLOOR,
+                        title: Optional[str] = 'Singular values of the representation covariance',
+                        formats: Sequence[str] = ()) -> str:
+  """`spectra_figure` written to `path` (and beside it in `formats`)."""
+  return _save(spectra_figure(panels, top, floor, title), path, formats)

@@ -23,7 +23,7 @@ import io
 import math
 import os
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from absl import logging
 import numpy as np
@@ -34,6 +34,7 @@ from tff_decorr.run import graph_check
 from tff_decorr.run import phases as phases_lib
 from tff_decorr.run import personalized
 from tff_decorr.run import run_dir
+from tff_decorr.run import tensorboard_hparams
 
 
 class CheckpointError(ValueError):
@@ -84,7 +85,8 @@ class Metrics:
 
   TensorBoard's events are flushed every round, before the round's checkpoint: they are the copy
   `repair_metrics` rebuilds a cut or deleted metrics.csv from (a writer left to flush on its own
-  would lose the newest rounds to a kill).
+  would lose the newest rounds to a kill). The run's hyper-parameters and final metrics go to the
+  same directory for TensorBoard's HParams dashboard (tensorboard_hparams).
   """
 
   def __init__(self, output_dir: str):
@@ -99,6 +101,12 @@ class Metrics:
       for name, value in clean.items():
         tf.summary.scalar(name, value, step=round_num)
     self._tb.flush()
+
+  def hparams(self, config: Mapping[str, Any], trial_id: str) -> None:
+    tensorboard_hparams.write_run(self._tb, config, trial_id)
+
+  def final(self, summary: Mapping[str, Any]) -> None:
+    tensorboard_hparams.write_final(self._tb, summary)
 
 
 def _round_list(rounds: Sequence[int]) -> str:
@@ -147,7 +155,8 @@ def _read_metrics_csv(path: str):
 def _tensorboard_rows(tb_dir: str, rounds: Sequence[int]) -> dict:
   """{round: {tag: value}} from the event files under `tb_dir`: the newest value of each round's
   scalar (a round run again after a crash was written twice). A truncated event file gives what
-  it holds before the cut."""
+  it holds before the cut. The run's HParams records (its hyper-parameters, its final metrics) are
+  not per-round metrics and are left out."""
   wanted, newest = set(rounds), {}
   for path in sorted(glob.glob(os.path.join(tb_dir, 'events.out.tfevents.*'))):
     try:
@@ -156,6 +165,9 @@ def _tensorboard_rows(tb_dir: str, rounds: Sequence[int]) -> dict:
         if event.step not in wanted:
           continue
         for v in event.summary.value:
+          if (v.tag in tensorboard_hparams.FINAL_TAGS or
+              v.metadata.plugin_data.plugin_name == 'hparams'):
+            continue
           value = (float(tf.make_ndarray(v.tensor)) if v.HasField('tensor')
                    else float(v.simple_value))
           key = (int(event.step), v.tag)
@@ -375,7 +387,8 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
         on_round_end: Optional[Callable[[int, Any], None]] = None,
         before_round: Optional[Callable[..., Optional[dict]]] = None,
         check_clients: Optional[Callable[[Sequence[str]], None]] = None,
-        log=print, timer: Optional[phases_lib.Phases] = None) -> Optional[dict]:
+        config: Optional[Mapping[str, Any]] = None, log=print,
+        timer: Optional[phases_lib.Phases] = None) -> Optional[dict]:
   """Runs (or resumes) the federated training loop. Returns the final summary dict.
 
   Args:
@@ -393,6 +406,8 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
       personalised algorithm also exports each client's own model (personalized.client_export_dir).
     check_clients: optional (client ids) -> None, raising with a clear message when a sampled
       client's data is unusable (e.g. a missing cache shard), before the round starts.
+    config: optional resolved configuration (`Config.to_dict()`): written to tensorboard/ as the
+      run's hyper-parameters, with its final metrics at the end (TensorBoard's HParams dashboard).
     timer: optional phases.Phases, given the wall time of each phase of the loop.
 
   Returns the summary, or None when the run already holds more rounds than `loop.rounds` (nothing
@@ -427,6 +442,8 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
   with guard('metrics.csv'):
     repair_metrics(output_dir, completed, log)
     metrics_io = Metrics(output_dir)
+    if config is not None:  # On every start: TensorBoard shows the first one a run recorded.
+      metrics_io.hparams(config, trial_id=os.path.basename(os.path.normpath(output_dir)))
   start_round = completed + 1
   server_state = state['server_state']
   try:
@@ -516,8 +533,11 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
   except KeyboardInterrupt:
     raise Interrupted(_completed_round(output_dir)) from None
   with guard('export'), timer('export'):
-    return _finish(algorithm, store, loop, output_dir, evaluate_fn, export_fn, server_state, state,
-                   last_test)
+    summary = _finish(algorithm, store, loop, output_dir, evaluate_fn, export_fn, server_state,
+                      state, last_test)
+  with guard('tensorboard'), timer('metrics'):
+    metrics_io.final(summary)
+  return summary
 
 
 def _completed_round(output_dir: str) -> int:

@@ -176,35 +176,80 @@ def _curve_axes(axes: Sequence[str]) -> Tuple[List[str], List[str]]:
   return (lines, panels) if lines else (panels, [])
 
 
-def _line_label(row: Row, line_axes: Sequence[str]) -> str:
-  parts = [row.value(a) if a in ('algorithm', 'regularizer') else f'{a}={row.value(a)}'
-           for a in line_axes if row.value(a)]
-  return ' + '.join(parts) or row.label
+@dataclasses.dataclass(frozen=True)
+class Style:
+  """How a configuration is drawn in every figure: its legend label and its colour."""
+  label: str
+  color: str
+
+
+def _part(axis: str, value: str) -> str:
+  return value if axis in ('algorithm', 'regularizer') else f'{axis}={value}'
+
+
+def styles(rows: Sequence[Row], axes: Sequence[str]) -> Dict[tuple, Style]:
+  """{line key: Style}: one colour per configuration (the values of the axes told apart by line,
+  `line_key`), the same in the curves and the spectra, in the order configurations first appear.
+
+  Labels name only what tells the configurations apart: an axis is left out of every label when
+  the labels stay distinct without it (`fedprox_mu=0.01` beside `fedprox`, when FedProx has one
+  value of it), the regulariser's and algorithm's names last of all."""
+  line_axes, _ = _curve_axes(axes)
+  keys = list(dict.fromkeys(line_key(row, line_axes) for row in rows))
+  shown = list(line_axes)
+  for axis in sorted(line_axes, key=lambda a: a in ('algorithm', 'regularizer')):
+    rest = [a for a in shown if a != axis]
+    labels = {tuple((a, dict(k).get(a, '')) for a in rest) for k in keys}
+    if len(labels) == len(keys):
+      shown = rest
+  palette = [f'C{i}' for i in range(10)]
+  if len(keys) > len(palette):  # More configurations than tab10 has colours: tab20's.
+    from matplotlib import colormaps  # pylint: disable=g-import-not-at-top
+    palette = [colormaps['tab20'](i) for i in range(20)]
+    palette = ['#%02x%02x%02x' % tuple(int(255 * c) for c in rgba[:3]) for rgba in palette]
+  out = {}
+  for i, key in enumerate(keys):
+    values = dict(key)
+    label = ' + '.join(_part(a, values[a]) for a in shown if values.get(a)) or 'mean over seeds'
+    out[key] = Style(label=label, color=palette[i % len(palette)])
+  return out
+
+
+def line_key(row: Row, line_axes: Sequence[str]) -> tuple:
+  """The values of the axes told apart by line (`_curve_axes`): the configuration a colour
+  stands for."""
+  return tuple((a, row.value(a)) for a in line_axes)
+
+
+def panel_title(row: Row, panel_axes: Sequence[str]) -> str:
+  """The setting of the axes told apart by panel, e.g. 'dirichlet_alpha=0.1' ('' for one panel)."""
+  return ' '.join(f'{a}={row.value(a)}' for a in panel_axes if row.value(a))
 
 
 def curves(rows: Sequence[Row], axes: Sequence[str]) -> Dict[str, List[dict]]:
-  """plots.plot_curves panels: per row, the mean test accuracy over its finished runs with a
-  +-std band, on the rounds every one of them recorded; unfinished runs dotted, on their own."""
+  """plots.curves_figure panels: per row, the mean test accuracy over its finished runs with a
+  +-std band, on the rounds every one of them recorded; unfinished runs dotted, on their own.
+  Labels and colours are `styles`'."""
+  style = styles(rows, axes)
   line_axes, panel_axes = _curve_axes(axes)
   panels: Dict[str, List[dict]] = {}
   for row in rows:
-    panel = ' '.join(f'{a}={row.value(a)}' for a in panel_axes if row.value(a))
-    label = _line_label(row, line_axes)
-    out = panels.setdefault(panel, [])
+    s = style[line_key(row, line_axes)]
+    out = panels.setdefault(panel_title(row, panel_axes), [])
     finished = [read_curve(r.path) for r in row.runs if r.done]
     finished = [c for c in finished if c[0].size]
     if finished:
       common = sorted(set.intersection(*(set(x.tolist()) for x, _ in finished)))
       ys = np.stack([y[np.isin(x, common)] for x, y in finished])
-      out.append({'label': f'{label} (n={len(finished)})', 'x': common, 'y': ys.mean(0),
+      out.append({'label': s.label, 'color': s.color, 'x': common, 'y': ys.mean(0),
                   'std': ys.std(0, ddof=1) if len(finished) > 1 else None})
     for r in row.runs:
       if not r.done:
         x, y = read_curve(r.path)
         if x.size:
-          out.append({'label': f'{label} {SEED}={r.flags.get(SEED, "?")} ({r.status}, '
-                               f'{r.rounds_done}/{r.rounds} rounds)', 'x': x, 'y': y,
-                      'incomplete': True})
+          out.append({'label': f'{s.label}, {SEED}={r.flags.get(SEED, "?")} ({r.status}, '
+                               f'{r.rounds_done}/{r.rounds} rounds)', 'color': s.color,
+                      'x': x, 'y': y, 'incomplete': True})
   return {p: c for p, c in panels.items() if c}
 
 
@@ -246,14 +291,29 @@ def add_spectra(runs: Sequence[Run], data_dir: Optional[str] = None,
   return notes
 
 
-def mean_spectra(rows: Sequence[Row]) -> Dict[str, np.ndarray]:
-  """Per row, the mean over its finished runs of their descending singular values."""
-  out = {}
+def mean_spectrum(row: Row) -> Optional[np.ndarray]:
+  """The mean over a row's finished runs of their descending singular values, each divided by its
+  largest (runs whose representations differ in scale weigh the same); None without spectra."""
+  svs = [np.sort(r.spectrum)[::-1] for r in row.runs if r.done and r.spectrum is not None]
+  svs = [s / s[0] for s in svs if s.size and s[0] > 0]
+  if not svs or len({s.size for s in svs}) != 1:
+    return None
+  return np.mean(np.stack(svs), 0)
+
+
+def spectra_panels(rows: Sequence[Row], axes: Sequence[str]) -> Dict[str, List[dict]]:
+  """plots.spectra_figure panels: per row with spectra, its mean normalised spectrum, in the
+  panels of `curves` with `styles`' labels and colours."""
+  style = styles(rows, axes)
+  line_axes, panel_axes = _curve_axes(axes)
+  panels: Dict[str, List[dict]] = {}
   for row in rows:
-    svs = [np.sort(r.spectrum)[::-1] for r in row.runs if r.done and r.spectrum is not None]
-    if svs and len({s.size for s in svs}) == 1:
-      out[f'{row.label} (n={len(svs)})'] = np.mean(np.stack(svs), 0)
-  return out
+    sv = mean_spectrum(row)
+    if sv is not None:
+      s = style[line_key(row, line_axes)]
+      panels.setdefault(panel_title(row, panel_axes), []).append(
+          {'label': s.label, 'color': s.color, 'sv': sv})
+  return panels
 
 
 # ---- rendering ----
@@ -320,6 +380,79 @@ def write_csv(path: str, rows: Sequence[Row], axes: Sequence[str]) -> str:
   return path
 
 
+_LATEX_SPECIAL = {'\\': r'\textbackslash{}', '&': r'\&', '%': r'\%', '$': r'\$', '#': r'\#',
+                  '_': r'\_', '{': r'\{', '}': r'\}', '~': r'\textasciitilde{}',
+                  '^': r'\textasciicircum{}', '—': '--', '±': r'$\pm$', 'Δ': r'$\Delta$'}
+
+
+def latex_escape(text: str) -> str:
+  return ''.join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
+
+
+def latex_columns(spectra: bool, deltas: bool) -> List[Tuple[str, str, float]]:
+  """(heading, stats key, scale) of the table's numeric columns, each with its mean and std in
+  row.stats[key + '_mean' / '_std'] (the Δ columns: key alone, no std)."""
+  columns = [('final acc. (%)', 'final_test_accuracy', 100.0),
+             ('best acc. (%)', 'best_test_accuracy', 100.0)]
+  if deltas:
+    columns += [('Δ final vs none', 'final_test_accuracy_delta_vs_none', 100.0),
+                ('Δ best vs none', 'best_test_accuracy_delta_vs_none', 100.0)]
+  if spectra:
+    columns += [('effective rank', 'effective_rank', 1.0)]
+  return columns
+
+
+def latex(rows: Sequence[Row], axes: Sequence[str], spectra: bool) -> str:
+  """The table as a LaTeX tabular (booktabs: \\toprule, \\midrule, \\bottomrule): mean ± std
+  per configuration, the best value of each numeric column in bold (the highest: accuracy, its
+  difference from --regularizer=none, and the effective rank, which FedDecorr raises), compared as
+  printed so ties are all bold. Needs \\usepackage{booktabs}."""
+  grid = [a for a in axes if a != SEED]
+  numeric = latex_columns(spectra, 'regularizer' in grid)
+  cells: List[List[str]] = []
+  shown: List[List[Optional[float]]] = []  # The printed means, to find each column's best.
+  for row in rows:
+    st = row.stats
+    texts, means = [], []
+    for _, key, scale in numeric:
+      delta = key.endswith('_delta_vs_none')
+      mean = st.get(key if delta else f'{key}_mean', math.nan)
+      std = math.nan if delta else st.get(f'{key}_std', math.nan)
+      if mean is None or math.isnan(mean):
+        texts.append('--')
+        means.append(None)
+        continue
+      text = f'{scale * mean:+.2f}' if delta else f'{scale * mean:.2f}'
+      means.append(float(text))
+      text = text.replace('-', '$-$', 1)  # A minus sign, not a hyphen.
+      texts.append(text + (f' $\\pm$ {scale * std:.2f}' if not math.isnan(std) else ''))
+    cells.append(texts)
+    shown.append(means)
+  best = []
+  for j in range(len(numeric)):
+    values = [m[j] for m in shown if m[j] is not None]
+    best.append(max(values) if len(values) > 1 else None)  # One value is no contest.
+  lines = ['% ' + line for line in (
+      'Generated by bin/report --latex; needs \\usepackage{booktabs}.',
+      'Mean ± sample std (ddof=1) over the finished runs of each row (seeds); accuracies in %;',
+      'bold: the best (highest) value of each column.')]
+  lines.append('\\begin{tabular}{' + 'l' * len(grid) + 'c' + 'r' * len(numeric) + '}')
+  lines.append('\\toprule')
+  lines.append(' & '.join([*(latex_escape(a) for a in grid), 'seeds',
+                          *(latex_escape(h) for h, _, _ in numeric)]) + r' \\')
+  lines.append('\\midrule')
+  for row, texts, means in zip(rows, cells, shown):
+    values = [latex_escape(row.value(a) or '—') for a in grid]
+    values.append(f'{row.stats["n_done"]}/{row.stats["n_runs"]}')
+    for j, text in enumerate(texts):
+      values.append(f'\\textbf{{{text}}}' if best[j] is not None and means[j] == best[j]
+                    else text)
+    lines.append(' & '.join(values) + r' \\')
+  lines.append('\\bottomrule')
+  lines.append('\\end{tabular}')
+  return '\n'.join(lines) + '\n'
+
+
 def _md_escape(text: str) -> str:
   return str(text).replace('|', '\\|')
 
@@ -370,8 +503,9 @@ def html_page(title: str, header: Sequence[str], body: Sequence[list], notes: Se
 
 def build(study_dir: str, output_dir: str, spectra: bool = True, data_dir: Optional[str] = None,
           max_examples: Optional[int] = None, batch_size: int = 256,
-          log: Callable[[str], None] = print) -> Dict[str, str]:
-  """Writes the report of the study in `study_dir` to `output_dir`; returns {kind: path}."""
+          log: Callable[[str], None] = print, latex_table: bool = False) -> Dict[str, str]:
+  """Writes the report of the study in `study_dir` to `output_dir`; returns {kind: path}.
+  `latex_table`: also table.tex (`latex`)."""
   manifest = study.read_manifest(study_dir)
   runs = load_runs(study_dir, manifest)
   if not runs:
@@ -388,13 +522,17 @@ def build(study_dir: str, output_dir: str, spectra: bool = True, data_dir: Optio
   images = {}
   panels = curves(rows, axes)
   if panels:
-    images['Test accuracy per round (mean ± std over seeds)'] = written['curves_png'] = (
-        plots.plot_curves(panels, os.path.join(output_dir, 'curves.png')))
-  mean_sv = mean_spectra(rows)
-  if mean_sv:
-    images['Representation spectrum (mean over seeds)'] = written['spectra_png'] = (
-        plots.plot_spectra(mean_sv, os.path.join(output_dir, 'spectra.png'),
-                           top=max(s.size for s in mean_sv.values())))
+    path = os.path.join(output_dir, 'curves.png')
+    images['Test accuracy per round (mean ± std over seeds)'] = plots.plot_curves(
+        panels, path, formats=plots.FORMATS)
+    written.update({f'curves_{f}': p for f, p in plots.figure_paths(path).items()})
+  spectrum_panels = spectra_panels(rows, axes)
+  if spectrum_panels:
+    path = os.path.join(output_dir, 'spectra.png')
+    top = max(item['sv'].size for items in spectrum_panels.values() for item in items)
+    images['Representation spectrum (mean over seeds, relative to its largest value)'] = (
+        plots.plot_spectra_panels(spectrum_panels, path, top=top, formats=plots.FORMATS))
+    written.update({f'spectra_{f}': p for f, p in plots.figure_paths(path).items()})
   counts = {s: sum(r.status == s for r in runs) for s in ('done', 'incomplete', 'not started',
                                                          'failed')}
   done_text = ', '.join(f'{n} {s}' for s, n in counts.items() if n)
@@ -415,6 +553,10 @@ def build(study_dir: str, output_dir: str, spectra: bool = True, data_dir: Optio
   written['markdown'] = os.path.join(output_dir, 'table.md')
   with open(written['markdown'], 'w') as f:
     f.write(md)
+  if latex_table:
+    written['latex'] = os.path.join(output_dir, 'table.tex')
+    with open(written['latex'], 'w') as f:
+      f.write(latex(rows, axes, have_spectra))
   written['html'] = os.path.join(output_dir, 'report.html')
   with open(written['html'], 'w') as f:
     f.write(html_page(title, header, body, notes, images))

@@ -3,6 +3,8 @@
 A study directory holds
   study.json         the manifest (`MANIFEST`): the grid, every cell's bin/train flags, run
                      directory, log and status; bin/report reads it to know what belongs to the study
+  events.out.tfevents.*  TensorBoard's HParams experiment: the axes and metrics
+                     (`write_tensorboard_config`; each run writes its own values in its tensorboard/)
   runs/<name>/       one bin/train run directory per cell; <name> is the one bin/train gives a run
                      by default (<task>-<algorithm>-<regularizer>-<config hash>)
   logs/<name>.log    everything the cell's bin/train printed, appended on every attempt
@@ -314,6 +316,15 @@ def write_manifest(study_dir: str, plan: Plan, statuses: Mapping[str, dict],
       'command': list(command), 'grid': plan.grid, 'axes': plan.axes, 'notes': plan.notes,
       'cells': cells})
   return path
+
+
+def write_tensorboard_config(study_dir: str, plan: Plan) -> str:
+  """The study's HParams experiment at its root (tensorboard_hparams.write_study): its axes with
+  the values of its runs' resolved configurations, so `tensorboard --logdir=<study_dir>` shows
+  the grid. Returns the event file written."""
+  from tff_decorr.run import tensorboard_hparams  # pylint: disable=g-import-not-at-top
+  return tensorboard_hparams.write_study(study_dir, plan.axes,
+                                         [c.config.to_dict() for c in plan.cells if c.config])
 
 
 def read_manifest(study_dir: str, flag: str = '--study_dir') -> dict:

@@ -179,8 +179,8 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
   summary = program.run(runtime=runtime, algorithm=exp.algorithm, store=store, loop=loop,
                         output_dir=config.output_dir, evaluate_fn=evaluate,
                         export_fn=exp.export, on_round_end=on_round_end,
-                        before_round=before_round, check_clients=exp.check_client_data, log=log,
-                        timer=timer)
+                        before_round=before_round, check_clients=exp.check_client_data,
+                        config=config.to_dict(), log=log, timer=timer)
   if summary is None:  # More rounds done than --rounds: nothing trained, nothing (re)written.
     return None
   summary.update(exp.privacy(summary['final_round'], ledger))
