@@ -17,8 +17,9 @@ BN moving statistics, `bn`:
   variances are clamped at 0 afterwards (base.nonnegative_variances; the reference has no guard).
 - 'average': they are left out of the norms and get FedAvg's average (eta 1).
 The reference's norms also include PyTorch's num_batches_tracked counters (each client adds its
-local steps, squared, once per BN layer), which in the reference can dominate ||Delta_i||^2 and
-hence eta_g; Keras BN has no such counter, so here eta_g comes from weights and statistics only.
+local steps K_i in every BN layer), which there swamp ||Delta_i||^2 and make eta_g about
+max(1, E_p[K^2] / (2 E_p[K]^2)), i.e. FedAvg unless step counts vary widely; Keras BN has no such
+counter, so here eta_g comes from the weights and statistics only.
 Evaluation uses the last iterate, as the reference; the paper reports the average of the last two
 iterates (x_t + x_{t-1}) / 2, which the reference does not do.
 """
