@@ -419,9 +419,10 @@ def directory_hash(config: Config, task, legacy: Mapping[str, Any]) -> str:
   known = {t for ts in LEGACY_ALIASES.values() for t in ts} | set(_LEGACY_SAME.values())
   for component, fields in config.to_dict()['hparams'].items():
     for field, value in fields.items():
-      later = _LATER_FIELDS.get(f'{component}.{field}', flat)  # flat: no such entry
-      if f'{component}.{field}' not in known and value != later:
-        flat[f'{component}_{field}'] = value
+      key = f'{component}.{field}'
+      if key in known or (key in _LATER_FIELDS and value == _LATER_FIELDS[key]):
+        continue
+      flat[f'{component}_{field}'] = value
   d = {k: v for k, v in flat.items() if k not in run_dir.RESUMABLE_KEYS}
   return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
