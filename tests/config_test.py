@@ -74,6 +74,16 @@ class ConfigTest(absltest.TestCase):
     (dp,) = resolve(task='digits', regularizer='feddecorr', aggregator='dp', dp_clip=1.0)
     self.assertNotEqual(run_dir.differences(config.migrate_dict(written), dp.to_dict()), [])
 
+  def test_fedavgm_config_json_from_before_its_bn_rule_resumes(self):
+    # Written before --fedavgm_bn existed: its statistics followed today's default rule (ema).
+    (new,) = resolve(task='digits', algorithm='fedavgm', regularizer='none')
+    written = new.to_dict()
+    self.assertEqual(written['hparams']['fedavgm'].pop('bn'), 'ema')
+    self.assertEqual(run_dir.differences(config.migrate_dict(written), new.to_dict()), [])
+    (ref,) = resolve(task='digits', algorithm='fedavgm', regularizer='none', fedavgm_bn='reference')
+    self.assertNotEqual(run_dir.differences(config.migrate_dict(written), ref.to_dict()), [])
+    self.assertNotEqual(ref.output_dir, new.output_dir)  # Only the default keeps the old name.
+
   def test_initialisation_defaults_to_the_models_reference_and_old_runs_are_not_mixed_in(self):
     (r20,) = resolve(task='cifar10', model='resnet20', regularizer='none')
     (mob,) = resolve(task='cifar10', regularizer='none')

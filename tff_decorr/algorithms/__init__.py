@@ -17,8 +17,10 @@ from tff_decorr.algorithms import fedavg
 from tff_decorr.algorithms import fedavg_decomposed
 from tff_decorr.algorithms import fedavgm
 from tff_decorr.algorithms import fedbn
+from tff_decorr.algorithms import fedexp
 from tff_decorr.algorithms import fedlc
 from tff_decorr.algorithms import fednova
+from tff_decorr.algorithms import fedopt
 from tff_decorr.algorithms import fedprox
 from tff_decorr.algorithms import fedrs
 from tff_decorr.algorithms import fedsam
@@ -82,6 +84,7 @@ def build(name: str, model_fn: Callable, config: ClientConfig = ClientConfig(),
 for _cls in (fedavg.FedAvg, fedprox.FedProx, fedavgm.FedAvgM, fedbn.FedBN, moon.Moon,
              scaffold.Scaffold, fednova.FedNova, fedavg_decomposed.FedAvgDecomposed):
   register(_cls)
-for _cls in (fedlc.FedLC, fedrs.FedRS, fedsam.FedSAM):  # Client-side baselines (issue 29).
+for _cls in (fedlc.FedLC, fedrs.FedRS, fedsam.FedSAM,  # the reference's other baselines (issue 29)
+             fedopt.FedAdagrad, fedopt.FedAdam, fedopt.FedYogi, fedexp.FedExp):
   register(_cls)
 NAMES = names()  # The built-in algorithms (registered ones added later appear in names()).

@@ -177,3 +177,12 @@ def safe_average(summed, weight, fallback):
   """summed / weight, or `fallback` when no client contributed (weight == 0)."""
   return [tf.where(weight > 0, s / tf.maximum(tf.cast(weight, s.dtype), 1e-30),
                    tf.convert_to_tensor(f)) for s, f in zip(summed, fallback)]
+
+
+def nonnegative_variances(spec: ModelSpec, weights) -> list:
+  """BN moving variances clamped at 0 (every other weight unchanged; TF ops). A server rule that
+  can extrapolate a statistic (momentum, an adaptive optimiser, FedExp's eta_g >= 1, noise) would
+  otherwise be able to push a variance below zero, and the model's normalisation would divide by
+  the square root of a negative number. 0 is safe: BN adds its epsilon before the square root."""
+  return [tf.maximum(w, tf.zeros_like(w)) if b and not t and 'moving_variance' in n else w
+          for w, n, b, t in zip(weights, spec.names, spec.batchnorm, spec.trainable)]

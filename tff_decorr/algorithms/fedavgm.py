@@ -7,19 +7,23 @@ delta = avg_i(y_i) - x (example-weighted average of the whole state, as FedAvg),
 - form='tff' (TFF's server optimizer `sgdm`; alias 'sgdm'): m <- b*m + delta; x <- x + server_lr*m.
 They differ: with server_lr=1 the 'tff' form takes steps about 1/(1-b) times larger.
 The momentum covers the trainable weights (BN gamma and beta included). Non-trainable state (BN
-moving mean and variance) follows, in both forms, an exponential moving average toward the
-clients' example-weighted average with the same coefficient b:
-  s <- b*s + (1-b)*avg_i(s_i).
-Why not momentum, as the reference (whole state_dict through the momentum): statistics are running
+moving mean and variance) follows the rule `bn` chooses (docs/algorithms.md, fedavgm):
+- bn='ema' (the default): an exponential moving average toward the clients' example-weighted
+  average with the same coefficient b, s <- b*s + (1-b)*avg_i(s_i);
+- bn='reference': the same momentum rule as the weights (the reference puts its whole state_dict
+  through the momentum), then every moving variance clamped at 0 (base.nonnegative_variances);
+- bn='average': FedAvg's rule, s <- avg_i(s_i).
+Why the EMA is the default rather than the reference's momentum: statistics are running
 estimates of the data, not parameters with a gradient, and server momentum is an underdamped
 iteration (eigenvalues of modulus sqrt(b)): when the clients' averaged variance drops and stays
-small, the variance overshoots below zero and the global model's logits become NaN. Why not the
-plain average (FedAvg's rule): the weights then lag behind the clients through the momentum while
-the statistics jumped to the clients' latest values, so the global model paired weights of one
-time-scale with statistics of another. The EMA gives the statistics the same coefficient b of lag
-and is a convex combination of the initial statistics and the clients' averages: it never
-overshoots, a variance never goes negative (tests/algorithms_test.py); b = 0 is FedAvg's average.
-Their momentum entries stay zero so the state's structure (and old checkpoints) is unchanged.
+small, the variance overshoots below zero (hence the clamp) and, unclamped, the global model's
+logits become NaN. Why not the plain average: the weights then lag behind the clients through the
+momentum while the statistics jumped to the clients' latest values, so the global model paired
+weights of one time-scale with statistics of another. The EMA gives the statistics the same
+coefficient b of lag and is a convex combination of the initial statistics and the clients'
+averages: it never overshoots, a variance never goes negative (tests/algorithms_test.py); b = 0
+is FedAvg's average. With 'ema' and 'average' the statistics' momentum entries stay zero, so the
+state's structure (and old checkpoints) is the same for every rule.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from tff_decorr import hparams
 from tff_decorr.algorithms import base, fedavg
 
 FORMS = ('reference', 'tff')
+BN_RULES = ('ema', 'reference', 'average')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +52,10 @@ class FedAvgMHParams(hparams.HParams):
                             choices=('reference', 'tff', 'sgdm'))
   server_lr: float = hparams.field(1.0, "server learning rate (form 'tff' only).", minimum=0.0,
                                    min_exclusive=True)
+  bn: str = hparams.field('ema', 'BN moving statistics: ema = s <- b s + (1-b) avg (never '
+                          'overshoots); reference = the same momentum as the weights (the '
+                          'reference), variances clamped at 0; average = FedAvg\'s average.',
+                          choices=BN_RULES)
 
   def __post_init__(self):
     super().__post_init__()
@@ -81,10 +90,11 @@ class FedAvgM(fedavg.FedAvg):
     x = [tf.convert_to_tensor(w) for w in server_state['weights']]
     avg = base.safe_average(contribution, weight, x)
     b = tf.constant(self.server_momentum, tf.float32)
+    bn = self.hparams.bn
     new_x, new_m = [], []
     for xi, ai, mi, trainable in zip(x, avg, server_state['momentum'], self.spec.trainable):
-      if not trainable:  # BN statistics: an EMA toward the average, never extrapolated (docstring).
-        new_x.append(b * xi + (1.0 - b) * ai)
+      if not trainable and bn != 'reference':  # BN statistics (module docstring).
+        new_x.append(b * xi + (1.0 - b) * ai if bn == 'ema' else ai)
         new_m.append(tf.zeros_like(xi))
         continue
       delta = ai - xi
@@ -95,4 +105,6 @@ class FedAvgM(fedavg.FedAvg):
         m = b * mi + delta
         new_x.append(xi + self.server_lr * m)
       new_m.append(m)
+    if bn == 'reference':  # Momentum can overshoot a variance below zero.
+      new_x = base.nonnegative_variances(self.spec, new_x)
     return {'weights': new_x, 'momentum': new_m}

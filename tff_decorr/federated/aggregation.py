@@ -280,9 +280,7 @@ def summed_contribution(algorithm: base.Algorithm, broadcast, mean_update, total
 def nonnegative_variances(algorithm: base.Algorithm, weights: list) -> list:
   """BN moving variances clamped at 0: noise (DP) or quantisation can push an averaged variance
   below zero; a variance never is, and this is post-processing (no privacy cost)."""
-  spec = algorithm.spec
-  return [tf.maximum(w, 0.0) if b and not t and 'moving_variance' in n else w
-          for w, n, b, t in zip(weights, spec.names, spec.batchnorm, spec.trainable)]
+  return base.nonnegative_variances(algorithm.spec, weights)
 
 
 def create(factory, update_type, weight_type, algorithm: base.Algorithm,

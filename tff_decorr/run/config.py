@@ -133,6 +133,9 @@ def _models():
 KINDS = ('algorithm', 'regularizer', 'partition', 'aggregator')
 # Kinds added after runs were first written: a config.json without one means its default.
 _LATER_KINDS = {'aggregator': 'mean'}
+# Component settings added after runs were first written, with the value those runs used: a
+# config.json without one means that value, and at that value it stays out of directory names.
+_LATER_FIELDS = {'fedavgm.bn': 'ema'}
 
 
 def component_flag_specs():
@@ -341,6 +344,10 @@ def _add_later_kinds(d: dict) -> dict:
     if kind not in d:
       d[kind] = default
       hparams.setdefault(default, registry(kind).hparams_class(default)().to_dict())
+  for target, value in _LATER_FIELDS.items():
+    component, field = target.split('.')
+    if component in hparams:
+      hparams[component] = {field: value, **hparams[component]}
   d['hparams'] = hparams
   return d
 
@@ -412,8 +419,10 @@ def directory_hash(config: Config, task, legacy: Mapping[str, Any]) -> str:
   known = {t for ts in LEGACY_ALIASES.values() for t in ts} | set(_LEGACY_SAME.values())
   for component, fields in config.to_dict()['hparams'].items():
     for field, value in fields.items():
-      if f'{component}.{field}' not in known:
-        flat[f'{component}_{field}'] = value
+      key = f'{component}.{field}'
+      if key in known or (key in _LATER_FIELDS and value == _LATER_FIELDS[key]):
+        continue
+      flat[f'{component}_{field}'] = value
   d = {k: v for k, v in flat.items() if k not in run_dir.RESUMABLE_KEYS}
   return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
