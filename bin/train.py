@@ -62,9 +62,10 @@ def main(argv):
   cli.quiet_logging()
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; flags are --name=value.')
-  return cli.run_guarded('train', lambda: run(FLAGS),
-                         interrupted_message='interrupted before the first round completed; '
-                         're-run the same command to start again')
+  cli.exit_without_finalising(cli.run_guarded(
+      'train', lambda: run(FLAGS),
+      interrupted_message='interrupted before the first round completed; re-run the same command '
+      'to start again'))
 
 
 def run(fv: flags.FlagValues) -> int:
