@@ -74,7 +74,7 @@ def _keys(fx, name='keys'):
 
 
 def _project_key(key):
-  """The reference's MOON wraps ResNet20 as `features` (its classifier replaced by the wrapper's)."""
+  """The reference's MOON wraps ResNet20 as `features` (its classifier replaced by its own)."""
   return key[len('features.'):] if key.startswith('features.') else key
 
 
@@ -282,8 +282,8 @@ def _as_dict(model, weights):
 def _clients(sizes, seed):
   """Per-client (x, y), each client's features shifted and scaled differently."""
   rng = np.random.RandomState(seed)
-  return [(rng.normal(0.4 * i, 1.0 + 0.5 * i, (n, D_IN)), rng.randint(0, CLASSES, n).astype(np.int32))
-          for i, n in enumerate(sizes)]
+  return [(rng.normal(0.4 * i, 1.0 + 0.5 * i, (n, D_IN)),
+           rng.randint(0, CLASSES, n).astype(np.int32)) for i, n in enumerate(sizes)]
 
 
 def _np_gradients(w, x, y):
