@@ -1,5 +1,5 @@
-"""Makes the reference-equivalence fixtures of the federated algorithms: what the PyTorch reference's
-own `approach/*.py` classes compute over a few rounds, as NumPy arrays.
+"""Makes the reference-equivalence fixtures of the federated algorithms: what the PyTorch
+reference's own `approach/*.py` classes compute over a few rounds, as NumPy arrays.
 
 Run ONCE, in an environment with PyTorch (not a dependency of this project) and a checkout of the
 reference (github.com/bytedance/FedDecorr, commit 973e4af), after bench/reference_fixtures.py (this
@@ -19,9 +19,9 @@ local steps per epoch, client 0's last batch a single example), normalised as th
 loader (float32, then cast to float64). Everything runs in float64 (`net.double()`).
 Common settings (the `settings` entry of every file, JSON): ResNet20 (10 classes) starting from
 `init/` of resnet20.npz; 3 clients, all sampled every round (party_list_rounds = [[0, 1, 2]] * R);
-1 local epoch; client SGD lr 0.01, momentum 0.9, weight decay 1e-5; batch 32. Every party's
-network starts as a copy of the global one (main.py initialises each party's network separately,
-which matters only for MOON's first-round previous model, see below).
+1 local epoch (FedExp: 2); client SGD lr 0.01, momentum 0.9, weight decay 1e-5; batch 32. Every
+party's network starts as a copy of the global one (main.py initialises each party's network
+separately, which matters only for MOON's first-round previous model, see below).
 
 What every file `<run>.npz` contains. "fp" = an array [len(keys), 3] holding, for each state_dict
 key in `keys` order, bench/reference_fixtures.fingerprint(key, tensor) (sum, sum of squares and the
@@ -36,7 +36,8 @@ of `stat_keys`, raveled and concatenated in that order (float64, whole):
   (for FedNova: already normalised by the reference, x + (y_i - x) / a_i).
 - `round{r}/client{i}/stats`: client i's own statistics after its local training, y_i (for
   FedNova de-normalised here: x + a_i * (received - x)).
-- `round{r}/client{i}/steps`: its local SGD steps; `round{r}/client{i}/a` (FedNova): its a_i.
+- `round{r}/client{i}/steps`: its local SGD steps (all epochs); `round{r}/client{i}/a`
+  (FedNova): its a_i.
 - `round{r}/averaged` (fp): the global state_dict right after `global_aggregation` (for
   FedOptim: before the server update, so delta = averaged - global{r-1}).
 - FedOptim: `round{r}/moment_first`, `round{r}/moment_second` (fp): run_fed's server
@@ -44,14 +45,15 @@ of `stat_keys`, raveled and concatenated in that order (float64, whole):
   FedNova: `round{r}/tau_eff`; FedExp: `round{r}/eta_g` (read from `global_aggregation`'s frame).
 - MOON: `round{r}/client{i}/sims` [examples, 2]: the cosine similarities of each step's batch
   to the global and to the previous local model, as the reference computes them, before any
-  temperature, steps concatenated (batches of 32, the last one smaller); `round2/client0/z`, `.../z_global`, `.../z_prev` [32, 64]: the three
-  representations of round 2's first step of client 0.
+  temperature, steps concatenated (batches of 32, the last one smaller); `round2/client0/z`,
+  `.../z_global`, `.../z_prev` [32, 64]: the three representations of round 2's first step of
+  client 0.
 
 The runs (name: approach, its arguments, rounds):
 - `fedprox_asis`: FedProx, mu 1.0, FedDecorr 0.1, 1 round, the reference unchanged. Its proximal
-  term is always zero: `global_weight_collector = list(net.parameters())` holds the very parameters
-  being trained, so `param - global_weight_collector[i]` is 0 (REFERENCE-NOTES §5); the result is
-  FedAvg's (resnet20.npz f64/fedavg/global).
+  term is always zero: its `global_weight_collector` is a list of the very parameter objects being
+  trained, so each difference it takes is 0 (REFERENCE-NOTES §5); the result is FedAvg's
+  (resnet20.npz f64/fedavg/global).
 - `fedprox_fixed`: the same with that defect repaired from outside: the first `net.parameters()`
   call of each client's `_local_training` (the one that fills `global_weight_collector`) returns
   detached copies of the broadcast weights, so the reference's own loop computes the paper's
@@ -71,17 +73,32 @@ The runs (name: approach, its arguments, rounds):
 - `fedoptim_{gd,adam,yogi,adagrad}`: FedOptim (FedAvgM for gd), 3 rounds, no FedDecorr,
   server_momentum 0.9, server_momentum_second 0.99, server_learning_rate 0.01 (not used by gd,
   whose step is fixed to 1), tau 1e-3. The server rule acts on the whole state_dict.
-- `fedexp`: FedExp, eps 1e-3, 3 rounds, no FedDecorr.
+- `fedexp`: FedExp, eps 1e-3, 3 rounds, no FedDecorr, on the label-skewed clients below with 2
+  local epochs, so that the clients' updates disagree. `round{r}/avg_sqr_delta` and
+  `round{r}/sqr_avg_delta` are its sum_i p_i ||Delta_i||^2 and ||sum_i p_i Delta_i||^2 over the
+  whole state_dict, `round{r}/eta_g` the server step it took (at least 1). Their whole
+  state_dict includes BatchNorm's integer step counters (num_batches_tracked, which move by the
+  client's local steps k_i): here about 60% of both sums, pulling eta_g toward
+  E_p[k^2] / (2 E_p[k]^2), below 1 unless the clients' steps vary a lot; eta_g is 1 (FedAvg's
+  step) in all three rounds of this run.
+  Key by key (`sqr_keys`: every state_dict key, counters included): `round{r}/client{i}/sqr_delta`
+  ||y_i - x||^2 and `round{r}/sqr_avg_delta_per_key` ||sum_i p_i y_i - x||^2 (computed here in
+  float64 from the clients' states), so that a test can form the sums over any set of keys.
+  Its `round{r}/averaged` is after its eta_g step (= global{r}).
+- `fedexp_nocounters`: the same with the counters removed from every BatchNorm (its
+  num_batches_tracked set to None: the forward is unchanged, the state_dict has no such key), so
+  the sums are over weights and running statistics, as in the paper (the model's parameters).
 - `fedlogitcal`: FedLogitCal, calibration_temp 0.1, 2 rounds (its class counts are computed in
   float32 by the reference: `torch.zeros(n_class)`), no FedDecorr (the reference has none there).
 - `fedrs`: FedRS, restricted_strength 0.5, 2 rounds.
-  FedLogitCal and FedRS act only on classes a client lacks, so these two runs use label-skewed
-  clients instead: client i holds the first 97, 64, 30 images of batches.npz (its 640) whose label
-  is in {0..5}, {3..7}, {7, 8, 9} respectively (overlapping images; `client{i}/indices` and
-  `settings` give them).
+  FedLogitCal and FedRS act only on classes a client lacks, so these two runs (and fedexp) use
+  label-skewed clients instead: client i holds the first 97, 64, 30 images of batches.npz (its
+  640) whose label is in {0..5}, {3..7}, {7, 8, 9} respectively (overlapping images;
+  `client{i}/indices` and `settings` give them).
 - `fedsam`: FedSAM, SAM rho 0.05 (`--rho` of the approach; the momentum is main.py's --rho 0.9),
   2 rounds.
-tests/reference_algorithms_test.py reads them.
+tests/reference_algorithms_test.py reads the FedProx, MOON and FedNova runs; the others are for
+algorithms this project does not have yet.
 """
 
 from __future__ import annotations
@@ -103,7 +120,8 @@ REFERENCE_DATA = os.path.normpath(os.path.join(HERE, '..', 'tests', 'testdata', 
 LR, MOMENTUM, WEIGHT_DECAY, BETA, BATCH = 0.01, 0.9, 1e-5, 0.1, 32
 CLIENT_SIZES = (97, 64, 30)
 SKEW_CLASSES = ((0, 1, 2, 3, 4, 5), (3, 4, 5, 6, 7), (7, 8, 9))
-SKEWED_RUNS = ('fedlogitcal', 'fedrs')
+SKEWED_RUNS = ('fedlogitcal', 'fedrs', 'fedexp', 'fedexp_nocounters')
+EPOCHS = {'fedexp': 2, 'fedexp_nocounters': 2}  # Default 1.
 
 
 def _load_sibling(name):
@@ -127,6 +145,7 @@ RUNS = {
                                        proj_dim=256), 2, True, 'temperature'),
     'fednova': ('fednova', 'FedNova', {}, 3, True, None),
     'fedexp': ('fedexp', 'FedExp', dict(eps=1e-3), 3, False, None),
+    'fedexp_nocounters': ('fedexp', 'FedExp', dict(eps=1e-3), 3, False, 'no_counters'),
     'fedlogitcal': ('fedlogitcal', 'FedLogitCal', dict(calibration_temp=0.1), 2, False, None),
     'fedrs': ('fedrs', 'FedRS', dict(restricted_strength=0.5), 2, False, None),
     'fedsam': ('fedsam', 'FedSAM', dict(rho=0.05), 2, False, None),
@@ -197,7 +216,8 @@ def _main(args) -> None:
     party2nets = {i: copy.deepcopy(base) for i in range(len(CLIENT_SIZES))}
     ckpt = tempfile.mkdtemp()
     train_args = types.SimpleNamespace(
-        lr=LR, rho=MOMENTUM, weight_decay=WEIGHT_DECAY, epochs=1, n_comm_round=rounds,
+        lr=LR, rho=MOMENTUM, weight_decay=WEIGHT_DECAY, epochs=EPOCHS.get(run, 1),
+        n_comm_round=rounds,
         print_interval=10**9, save_interval=10**9, ckptdir=ckpt, approach=module,
         log_file_name='fixture')
     appr_args = types.SimpleNamespace(feddecorr=decorr, feddecorr_coef=BETA, **appr_kw)
@@ -208,6 +228,11 @@ def _main(args) -> None:
     for net in [appr.global_net, *appr.party2nets.values(),
                 *getattr(appr, 'party2prevnets', {}).values()]:
       net.double()  # MOON's wrapper adds float32 layers.
+    if patch == 'no_counters':  # BatchNorm without its step counter (momentum 0.1 is set).
+      for net in [appr.global_net, *appr.party2nets.values()]:
+        for m in net.modules():
+          if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):  # pylint: disable=W0212
+            m.num_batches_tracked = None
     if module == 'moon':  # The previous local model of round 1: the initial global model.
       for prev in appr.party2prevnets.values():
         prev.load_state_dict(appr.global_net.state_dict())
@@ -215,7 +240,8 @@ def _main(args) -> None:
     settings = dict(model='resnet20', num_classes=10, client_sizes=CLIENT_SIZES,
                     client_indices=[ix.tolist() for ix in indices],
                     client_classes=[sorted(set(ds.target.tolist())) for ds in client_sets],
-                    batch_size=BATCH, epochs=1, rounds=rounds, lr=LR, momentum=MOMENTUM,
+                    batch_size=BATCH, epochs=EPOCHS.get(run, 1), rounds=rounds, lr=LR,
+                    momentum=MOMENTUM,
                     weight_decay=WEIGHT_DECAY, feddecorr_coef=BETA if decorr else 0.0,
                     dtype='float64', approach=module, patch=patch, **appr_kw)
     out['settings'] = np.array(json.dumps(settings))
@@ -249,13 +275,25 @@ def _main(args) -> None:
       for i, net in nets.items():
         sd = net.state_dict()
         record_state(f'round{r}/client{i}', sd, stats=False)
-        out[f'round{r}/client{i}/steps'] = np.array(len(appr.party2loaders[i]))
+        out[f'round{r}/client{i}/steps'] = np.array(len(appr.party2loaders[i]) *
+                                                    train_args.epochs)
         a = 1.0 if all_a is None else all_a[i]
         if all_a is not None:
           out[f'round{r}/client{i}/a'] = np.array(a, np.float64)
+        if module == 'fedexp':  # What its two sums are made of, key by key.
+          out[f'round{r}/client{i}/sqr_delta'] = np.array(
+              [float(((sd[k].double() - state['start'][k].double())**2).sum()) for k in sd])
         out[f'round{r}/client{i}/stats'] = np.concatenate(
             [(x + a * (v.double() - x)).numpy().ravel()
              for x, v in ((state['start'][k].double(), sd[k]) for k in sd if _is_stat(k))])
+      if module == 'fedexp':
+        p = np.array([len(appr.party2loaders[i].dataset) for i in nets], np.float64)
+        p /= p.sum()
+        states = [net.state_dict() for net in nets.values()]
+        out[f'round{r}/sqr_avg_delta_per_key'] = np.array([float(((sum(
+            pi * s[k].double() for pi, s in zip(p, states)) - state['start'][k].double())**2).sum())
+                                                          for k in states[0]])
+        out['sqr_keys'] = np.array(json.dumps(list(states[0])))
       return result
 
     def load_state_dict(sd, *a, **k):
@@ -263,7 +301,7 @@ def _main(args) -> None:
       r, local = state['round'], caller.f_locals
       if caller.f_code.co_name == 'global_aggregation':
         record_state(f'round{r}/averaged', sd, stats=False)
-        for name in ('tau_eff', 'eta_g'):
+        for name in ('tau_eff', 'eta_g', 'avg_sqr_delta', 'sqr_avg_delta'):
           if name in local:
             out[f'round{r}/{name}'] = np.array(float(local[name]), np.float64)
       elif caller.f_code.co_name == 'run_fed' and 'moment_first' in local:
