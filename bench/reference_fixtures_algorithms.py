@@ -78,16 +78,19 @@ The runs (name: approach, its arguments, rounds):
   `round{r}/sqr_avg_delta` are its sum_i p_i ||Delta_i||^2 and ||sum_i p_i Delta_i||^2 over the
   whole state_dict, `round{r}/eta_g` the server step it took (at least 1). Their whole
   state_dict includes BatchNorm's integer step counters (num_batches_tracked, which move by the
-  client's local steps k_i): here about 60% of both sums, pulling eta_g toward
-  E_p[k^2] / (2 E_p[k]^2), below 1 unless the clients' steps vary a lot; eta_g is 1 (FedAvg's
-  step) in all three rounds of this run.
+  client's local steps k_i; the reference sums their part in float32) and the BN running
+  statistics. In this run the counters make up 59% of both sums in round 1 and the statistics
+  41%, the weights 0.05%; the ratio halved, eta_g before its floor of 1, is 0.59 for the counters
+  (E_p[k^2] / (2 E_p[k]^2)) and 0.56 for the statistics, so eta_g is 1 (FedAvg's step) in all
+  three rounds, while over the weights alone it would be 0.87, 1.32 and 1.63 in rounds 1-3.
   Key by key (`sqr_keys`: every state_dict key, counters included): `round{r}/client{i}/sqr_delta`
   ||y_i - x||^2 and `round{r}/sqr_avg_delta_per_key` ||sum_i p_i y_i - x||^2 (computed here in
   float64 from the clients' states), so that a test can form the sums over any set of keys.
   Its `round{r}/averaged` is after its eta_g step (= global{r}).
 - `fedexp_nocounters`: the same with the counters removed from every BatchNorm (its
   num_batches_tracked set to None: the forward is unchanged, the state_dict has no such key), so
-  the sums are over weights and running statistics, as in the paper (the model's parameters).
+  the sums are over the weights and running statistics only (eta_g is still 1 here: the
+  statistics dominate).
 - `fedlogitcal`: FedLogitCal, calibration_temp 0.1, 2 rounds (its class counts are computed in
   float32 by the reference: `torch.zeros(n_class)`), no FedDecorr (the reference has none there).
 - `fedrs`: FedRS, restricted_strength 0.5, 2 rounds.
