@@ -41,7 +41,6 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from tests import reference_equivalence_test as ref_eq
 from tff_decorr import algorithms
 from tff_decorr import models
 from tff_decorr import regularizers
@@ -51,7 +50,15 @@ from tff_decorr.algorithms import testing as algo_testing
 from tff_decorr.models import torch_import
 from tff_decorr.runtimes import tf_runtime
 
-ALG_DATA = os.path.join(ref_eq.DATA, 'algorithms')
+DATA = os.path.join(os.path.dirname(os.path.realpath(__file__)), 'testdata', 'reference')
+ALG_DATA = os.path.join(DATA, 'algorithms')
+# As tests/reference_equivalence_test.py (a test module is not a dependency of another under
+# Bazel, so the few helpers are repeated here): the reference's CIFAR-10 normalisation, its client
+# SGD, its batch size.
+MEAN = np.array([125.3, 123.0, 113.9], np.float32) / 255.0
+STD = np.array([63.0, 62.1, 66.7], np.float32) / 255.0
+CONFIG = client_update.ClientConfig(lr=0.01, momentum=0.9, weight_decay=1e-5)
+BATCH = 32
 CLIENT_SIZES = (97, 64, 30)
 BN_MOMENTUM = 0.9  # PyTorch's momentum 0.1: s <- 0.9 s + 0.1 batch statistic.
 TOL = 1e-7
@@ -59,14 +66,49 @@ TOL = 1e-7
 VAR_TOL = 3e-2
 
 
+def fingerprint(name: str, array: np.ndarray) -> np.ndarray:
+  """As bench/reference_fixtures.py: (sum, sum of squares, dot with a name-seeded vector)."""
+  a = np.asarray(array, np.float64).ravel()
+  seed = int.from_bytes(name.encode()[:8].ljust(8, b'\0'), 'little') ^ a.size
+  r = np.random.default_rng(seed).standard_normal(a.size)
+  return np.array([a.sum(), (a * a).sum(), (a * r).sum()])
+
+
+def normalise(images_uint8: np.ndarray, dtype) -> np.ndarray:
+  """ToTensor + Normalize as the reference computes them (float32), then cast."""
+  return ((images_uint8.astype(np.float32) / 255.0 - MEAN) / STD).astype(dtype)
+
+
+def _rel(a, b, floor=1e-6):
+  """Largest difference relative to the largest reference value (or `floor` if that is ~0)."""
+  return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), floor))
+
+
+class Float64Scope:
+  """Builds Keras models in float64 inside the block."""
+
+  def __enter__(self):
+    self._old = tf.keras.backend.floatx()
+    tf.keras.backend.set_floatx('float64')
+
+  def __exit__(self, *exc):
+    tf.keras.backend.set_floatx(self._old)
+
+
 class _Fixture:
   cache = {}
 
   @classmethod
-  def load(cls, run):
-    if run not in cls.cache:
-      cls.cache[run] = dict(np.load(os.path.join(ALG_DATA, f'{run}.npz')))
-    return cls.cache[run]
+  def load(cls, name, directory=ALG_DATA):
+    if (directory, name) not in cls.cache:
+      cls.cache[directory, name] = dict(np.load(os.path.join(directory, f'{name}.npz')))
+    return cls.cache[directory, name]
+
+
+def _init_state(dtype=np.float64):
+  """The reference's initial ResNet20 state_dict (resnet20.npz, bench/reference_fixtures.py)."""
+  fx = _Fixture.load('resnet20', DATA)
+  return {k[len('init/'):]: fx[k].astype(dtype) for k in fx if k.startswith('init/')}
 
 
 def _keys(fx, name='keys'):
@@ -80,7 +122,7 @@ def _project_key(key):
 
 def _stats(fx, entry):
   """A `.../stats` entry split back into {project key: array}."""
-  shapes = {k: v.shape for k, v in ref_eq._init_state('resnet20').items()}
+  shapes = {k: v.shape for k, v in _init_state().items()}
   out, flat, at = {}, fx[entry], 0
   for key in _keys(fx, 'stat_keys'):
     shape = shapes[_project_key(key)]
@@ -92,7 +134,7 @@ def _stats(fx, entry):
 
 
 def _resnet20_f64(state):
-  with ref_eq.Float64Scope():
+  with Float64Scope():
     m = models.build('resnet20', num_classes=10, input_shape=(32, 32, 3))
   torch_import.assign_torch_state(m, state)
   return m
@@ -102,24 +144,24 @@ class _Run:
   """One of the project's algorithms on a fixture's clients, ResNet20 in float64, TF runtime."""
 
   def __init__(self, name, fx, regularizer, init=None, **hparams):
-    self.state = ref_eq._init_state('resnet20', np.float64)
+    self.state = _init_state()
     self.state.update({k: np.asarray(v, np.float64) for k, v in (init or {}).items()})
     self.model = _resnet20_f64(self.state)
-    b = ref_eq._batches()
+    b = _Fixture.load('batches', DATA)
     indices = [fx[f'client{i}/indices'] for i in range(len(CLIENT_SIZES))]
-    data = [(ref_eq.normalise(b['images'][ix], np.float64), b['labels'][ix].astype(np.int32))
+    data = [(normalise(b['images'][ix], np.float64), b['labels'][ix].astype(np.int32))
             for ix in indices]
-    with ref_eq.Float64Scope():
-      self.alg = algorithms.build(name, lambda: _resnet20_f64(self.state), ref_eq.CONFIG,
+    with Float64Scope():
+      self.alg = algorithms.build(name, lambda: _resnet20_f64(self.state), CONFIG,
                                   regularizer, **hparams)
       self.runtime = tf_runtime.TfRuntime(
-          self.alg, algo_testing.make_client_dataset_fn(data, batch_size=ref_eq.BATCH))
+          self.alg, algo_testing.make_client_dataset_fn(data, batch_size=BATCH))
       self.server = self.runtime.initialize()
     self.clients = [self.alg.initial_client_state(self.server['weights']) if self.alg.stateful
                     else base.NO_CLIENT_STATE for _ in data]
 
   def round(self):
-    with ref_eq.Float64Scope():
+    with Float64Scope():
       self.server, self.clients, metrics = self.runtime.run_round(
           self.server, [(str(i), 0) for i in range(len(self.clients))], self.clients)
     return metrics
@@ -152,14 +194,14 @@ class ReferenceTest(parameterized.TestCase):
       v = got[_project_key(key)]
       if 'running_var' in key:
         if f'{entry}/stats' in fx:
-          self.assertLess(ref_eq._rel(v, _stats(fx, f'{entry}/stats')[_project_key(key)]),
+          self.assertLess(_rel(v, _stats(fx, f'{entry}/stats')[_project_key(key)]),
                           VAR_TOL, f'{entry}: {key}')
         continue
-      self.assertLess(ref_eq._rel(ref_eq.fingerprint(key, v), ref), TOL, f'{entry}: {key}')
+      self.assertLess(_rel(fingerprint(key, v), ref), TOL, f'{entry}: {key}')
 
   def test_fedprox_reference_defect_makes_it_fedavg(self):
     """The unrepaired reference (mu = 1) gives FedAvg's round (resnet20.npz), bit for bit."""
-    asis, fedavg = _Fixture.load('fedprox_asis'), ref_eq._Fixture.load('resnet20')
+    asis, fedavg = _Fixture.load('fedprox_asis'), _Fixture.load('resnet20', DATA)
     for key, fp in zip(_keys(asis), asis['global1']):
       np.testing.assert_array_equal(fp, fedavg[f'f64/fedavg/global/{key}'], err_msg=key)
 
@@ -169,7 +211,7 @@ class ReferenceTest(parameterized.TestCase):
     run.round()
     self.assert_state(run.torch_state(), fixed, 'global1')
     # The term acts: the repaired and the unrepaired reference differ far beyond the tolerance.
-    moved = max(ref_eq._rel(f, a) for key, f, a in zip(_keys(fixed), fixed['global1'],
+    moved = max(_rel(f, a) for key, f, a in zip(_keys(fixed), fixed['global1'],
                                                      asis['global1']) if 'running' not in key)
     self.assertGreater(moved, 1e3 * TOL)
 
@@ -177,7 +219,7 @@ class ReferenceTest(parameterized.TestCase):
     fx, asis = _Fixture.load('moon_t0.5'), _Fixture.load('moon_asis')
     # Round 1 (previous model = global model): the contrastive gradient is 0 at any temperature.
     # Round 2: the temperature the reference ignores moves the weights far beyond the tolerance.
-    moved = lambda r: max(ref_eq._rel(f, a) for key, f, a in zip(
+    moved = lambda r: max(_rel(f, a) for key, f, a in zip(
         _keys(fx), fx[f'global{r}'], asis[f'global{r}']) if 'running' not in key)
     self.assertLess(moved(1), 1e-12)
     self.assertGreater(moved(2), 1e3 * TOL)
@@ -203,7 +245,7 @@ class ReferenceTest(parameterized.TestCase):
       expected = 0.0
       for i in range(len(CLIENT_SIZES)):
         sims = fx[f'round{r}/client{i}/sims'] / temperature  # [examples, 2], steps in order
-        for step in np.split(sims, range(ref_eq.BATCH, len(sims), ref_eq.BATCH)):
+        for step in np.split(sims, range(BATCH, len(sims), BATCH)):
           l_con = np.logaddexp(step[:, 0], step[:, 1]) - step[:, 0]
           expected += l_con.mean() * len(step)  # extra_sum: batch values times the batch size
       self.assertAlmostEqual(float(metrics['extra_sum']), expected, delta=1e-5 * expected)
@@ -227,7 +269,7 @@ class ReferenceTest(parameterized.TestCase):
       self.assert_state(got, fx, f'global{r}', trainable_only=True)
       steps = [int(fx[f'round{r}/client{i}/steps']) for i in range(3)]
       a = np.array([float(fx[f'round{r}/client{i}/a']) for i in range(3)])
-      ours = client_update.effective_steps(tf.constant(steps), ref_eq.CONFIG.momentum, tf.float64)
+      ours = client_update.effective_steps(tf.constant(steps), CONFIG.momentum, tf.float64)
       np.testing.assert_allclose(ours.numpy(), a, rtol=1e-14)
       self.assertAlmostEqual(float(fx[f'round{r}/tau_eff']), p @ a, delta=1e-12)
       x_ref = _stats(fx, f'global{r - 1}/stats')
@@ -247,7 +289,7 @@ class ReferenceTest(parameterized.TestCase):
                            for pi, c, k in zip(p, clients, steps)) for key in x_ref}
       for key, v in expected.items():
         tol = VAR_TOL if key.endswith('running_var') else TOL
-        self.assertLess(ref_eq._rel(got[key], v), tol, f'round {r}: {key}')
+        self.assertLess(_rel(got[key], v), tol, f'round {r}: {key}')
       expected = {k: (got[k] if k.endswith('running_var') else v) for k, v in expected.items()}
 
 
@@ -260,7 +302,7 @@ BN = ('bn/gamma', 'bn/beta', 'bn/moving_mean', 'bn/moving_variance')
 
 
 def _dense_bn_model():
-  with ref_eq.Float64Scope():
+  with Float64Scope():
     init = lambda i: tf.keras.initializers.GlorotUniform(seed=i)
     inputs = tf.keras.Input((D_IN,))
     h = tf.keras.layers.Dense(HIDDEN, kernel_initializer=init(1), bias_initializer='zeros',
@@ -339,7 +381,7 @@ class PaperTest(parameterized.TestCase):
 
   def _runtime(self, name, data, cfg, **hparams):
     alg = algorithms.build(name, _dense_bn_model, cfg, None, **hparams)
-    with ref_eq.Float64Scope():
+    with Float64Scope():
       runtime = tf_runtime.TfRuntime(alg, algo_testing.make_client_dataset_fn(data, batch_size=4))
       return alg, runtime, runtime.initialize()
 
@@ -376,7 +418,7 @@ class PaperTest(parameterized.TestCase):
     ci = [dict(c) for _ in data]
     states = [alg.initial_client_state(server['weights']) for _ in data]
     for sampled in ([0, 1, 2], [1, 2, 3], [0, 2, 3]):
-      with ref_eq.Float64Scope():
+      with Float64Scope():
         server, new_states, _ = runtime.run_round(server, [(str(i), 0) for i in sampled],
                                                   [states[i] for i in sampled])
       for i, st in zip(sampled, new_states):
@@ -414,7 +456,7 @@ class PaperTest(parameterized.TestCase):
     states = [alg.initial_client_state(server['weights']) for _ in data]
     bn_index = [i for i, n in enumerate(_names(model)) if n in BN]
     for r in range(3):
-      with ref_eq.Float64Scope():
+      with Float64Scope():
         server, states, _ = runtime.run_round(server, [(str(i), 0) for i in range(3)], states)
       ys = []
       for i in range(3):
