@@ -52,7 +52,7 @@ of `stat_keys`, raveled and concatenated in that order (float64, whole):
 The runs (name: approach, its arguments, rounds):
 - `fedprox_asis`: FedProx, mu 1.0, FedDecorr 0.1, 1 round, the reference unchanged. Its proximal
   term is always zero: its `global_weight_collector` is a list of the very parameter objects being
-  trained, so each difference it takes is 0 (REFERENCE-NOTES §5); the result is FedAvg's
+  trained, so each difference it takes is 0 (docs/reference.md §5); the result is FedAvg's
   (resnet20.npz f64/fedavg/global).
 - `fedprox_fixed`: the same with that defect repaired from outside: the first `net.parameters()`
   call of each client's `_local_training` (the one that fills `global_weight_collector`) returns
@@ -82,7 +82,8 @@ The runs (name: approach, its arguments, rounds):
   statistics. In this run the counters make up 59% of both sums in round 1 and the statistics
   41%, the weights 0.05%; the ratio halved, eta_g before its floor of 1, is 0.59 for the counters
   (E_p[k^2] / (2 E_p[k]^2)) and 0.56 for the statistics, so eta_g is 1 (FedAvg's step) in all
-  three rounds, while over the weights alone it would be 0.87, 1.32 and 1.63 in rounds 1-3.
+  three rounds, while over the weights alone the ratio is 0.87, 1.32 and 1.63 in rounds 1-3
+  (without eps; eta_g would be 1, about 1.3 and about 1.6).
   Key by key (`sqr_keys`: every state_dict key, counters included): `round{r}/client{i}/sqr_delta`
   ||y_i - x||^2 and `round{r}/sqr_avg_delta_per_key` ||sum_i p_i y_i - x||^2 (computed here in
   float64 from the clients' states), so that a test can form the sums over any set of keys.

@@ -8,7 +8,7 @@ clients of 97, 64 and 30 CIFAR-10 images (batch 32, one epoch, SGD lr 0.01, mome
 decay 1e-5, FedDecorr 0.1). Both sides are float64 and compute the same thing, so weights agree to
 rounding (~1e-12 here) and are compared to 1e-7 (tests/reference_equivalence_test.py explains the
 chaos that bounds how many steps that holds for). Where the reference is defective
-(/work/shared/REFERENCE-NOTES.md §5) the fixture is the reference with its defect repaired from
+(docs/reference.md §5) the fixture is the reference with its defect repaired from
 outside, and what is pinned is the paper's formula:
 - FedProx: the reference's proximal term is always zero (its `global_weight_collector` holds the
   parameters being trained, so it compares the weights with themselves). The fixture repairs only
