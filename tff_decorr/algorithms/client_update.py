@@ -57,15 +57,16 @@ class ClientConfig(hparams.HParams):
                                       'g += wd w).', minimum=0.0)
 
 
-def effective_steps(num_steps: tf.Tensor, momentum: float) -> tf.Tensor:
+def effective_steps(num_steps: tf.Tensor, momentum: float, dtype=tf.float32) -> tf.Tensor:
   """How far `num_steps` steps of this loop's momentum SGD move under a constant gradient g, in
   units of lr * g: sum_{t=1..K} sum_{s<=t} rho^(t-s) = (K - rho (1 - rho^K) / (1 - rho)) / (1 - rho)
   (buffers start at zero; = K when rho = 0). FedNova normalises by it, SCAFFOLD estimates its
-  control variates with it (Wang et al. 2020, eq. 5 with momentum)."""
-  k = tf.cast(num_steps, tf.float32)
+  control variates with it (Wang et al. 2020, eq. 5 with momentum). In `dtype`: the weights' own
+  float type (in float32 the subtraction loses ~3e-7 relative, which float64 tests would see)."""
+  k = tf.cast(num_steps, dtype)
   if momentum == 0:
     return k
-  rho = float(momentum)
+  rho = tf.constant(float(momentum), dtype)
   return (k - rho * (1.0 - tf.pow(rho, k)) / (1.0 - rho)) / (1.0 - rho)
 
 

@@ -38,19 +38,24 @@ class FedNova(base.Algorithm):
 
   def _client_step(self, ws, broadcast, dataset, client_state):
     res = self._train(ws, broadcast['weights'], dataset)
-    a = client_update.effective_steps(res.num_steps, self.config.momentum)
     n = res.num_examples
+    # a_i in each weight's own float type, and the upload n_i a_i in the model's (float64 in the
+    # reference equivalence tests, where a float32 tau_eff would be 4e-7 off in small BN biases).
+    a = {dt: client_update.effective_steps(res.num_steps, self.config.momentum, dt)
+         for dt in {w.dtype for w in res.weights}}
+    a_dtype = res.weights[0].dtype
     # Trainable: normalised by a_i. Non-trainable (BN statistics): the plain difference, so that
     # the server's x - avg(x - y_i) is the clients' weighted mean (module docstring).
-    d = [tf.math.divide_no_nan(tf.convert_to_tensor(x) - y, a) if trainable
+    d = [tf.math.divide_no_nan(tf.convert_to_tensor(x) - y, a[y.dtype]) if trainable
          else tf.convert_to_tensor(x) - y
          for x, y, trainable in zip(broadcast['weights'], res.weights, self.spec.trainable)]
-    contribution = {'d': base.weighted(d, n), 'a': n * a}
+    contribution = {'d': base.weighted(d, n), 'a': tf.cast(n, a_dtype) * a[a_dtype]}
     return base.ClientOutput(contribution, n, client_state, res.metrics)
 
   def server_step(self, server_state, contribution, weight):
     x = [tf.convert_to_tensor(w) for w in server_state['weights']]
-    tau_eff = tf.math.divide_no_nan(contribution['a'], weight)
+    a_sum = tf.convert_to_tensor(contribution['a'])
+    tau_eff = tf.math.divide_no_nan(a_sum, tf.cast(weight, a_sum.dtype))
     avg_d = base.safe_average(contribution['d'], weight, [tf.zeros_like(w) for w in x])
-    return {'weights': [w - tau_eff * d if trainable else w - d
+    return {'weights': [w - tf.cast(tau_eff, w.dtype) * d if trainable else w - d
                         for w, d, trainable in zip(x, avg_d, self.spec.trainable)]}

@@ -53,18 +53,19 @@ class Moon(fedavg.FedAvg):
     global_model, previous_model = ws.aux_models
     Workspace.assign(global_model.weights, broadcast['weights'])
     Workspace.assign(previous_model.weights, client_state['previous'])
-    mu = tf.constant(self.mu, tf.float32)
-    inv_t = tf.constant(1.0 / self.temperature, tf.float32)
+    mu, inv_t = float(self.mu), 1.0 / float(self.temperature)
 
     def contrastive(outputs, images, labels):
       del labels
       z = tf.math.l2_normalize(outputs['representation'], axis=-1)
+      # Constants in the model's float type (float64 in the reference equivalence tests).
+      mu_c, inv_t_c = tf.constant(mu, z.dtype), tf.constant(inv_t, z.dtype)
       zg = tf.math.l2_normalize(
           tf.stop_gradient(global_model(images, training=False)['representation']), axis=-1)
       zp = tf.math.l2_normalize(
           tf.stop_gradient(previous_model(images, training=False)['representation']), axis=-1)
-      logits = tf.stack([tf.reduce_sum(z * zg, -1), tf.reduce_sum(z * zp, -1)], axis=1) * inv_t
-      return mu * tf.reduce_mean(-tf.nn.log_softmax(logits, axis=1)[:, 0])
+      logits = tf.stack([tf.reduce_sum(z * zg, -1), tf.reduce_sum(z * zp, -1)], axis=1) * inv_t_c
+      return mu_c * tf.reduce_mean(-tf.nn.log_softmax(logits, axis=1)[:, 0])
 
     res = self._train(ws, broadcast['weights'], dataset, extra_loss=contrastive)
     return base.ClientOutput(base.weighted(res.weights, res.num_examples), res.num_examples,

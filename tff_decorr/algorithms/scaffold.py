@@ -90,10 +90,13 @@ class Scaffold(base.Algorithm):
 
     res = self._train(ws, broadcast['weights'], dataset, grad_correction=correct)
     x = [tf.convert_to_tensor(w) for w in broadcast['weights']]
-    k_lr = client_update.effective_steps(res.num_steps, self.config.momentum) * self.config.lr
     x_tr = [w for w, t in zip(x, self.spec.trainable) if t]
     y_tr = [w for w, t in zip(res.weights, self.spec.trainable) if t]
-    new_ci = [tf.where(k_lr > 0, cij - cj + (xj - yj) / tf.maximum(k_lr, 1e-30), cij)
+    # a_K lr in each weight's own float type (float64 in the reference equivalence tests).
+    k_lr = {dt: client_update.effective_steps(res.num_steps, self.config.momentum, dt)
+            * tf.constant(float(self.config.lr), dt) for dt in {w.dtype for w in y_tr}}
+    new_ci = [tf.where(k_lr[yj.dtype] > 0,
+                       cij - cj + (xj - yj) / tf.maximum(k_lr[yj.dtype], 1e-30), cij)
               for cij, cj, xj, yj in zip(ci, c, x_tr, y_tr)]
     contribution = {'delta_y': [y - xj for y, xj in zip(res.weights, x)],
                     'delta_c': [n - o for n, o in zip(new_ci, ci)]}

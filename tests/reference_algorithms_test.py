@@ -1,0 +1,478 @@
+"""The project's FedProx, MOON, FedNova, SCAFFOLD and FedBN against what the reference or the papers
+compute, in float64.
+
+FedProx, MOON and FedNova: against the PyTorch reference's own `approach/*.py` classes, run by
+bench/reference_fixtures_algorithms.py (fixtures: tests/testdata/reference/algorithms/; that
+script's docstring says what each file holds) on ResNet20 from the same weights, with three
+clients of 97, 64 and 30 CIFAR-10 images (batch 32, one epoch, SGD lr 0.01, momentum 0.9, weight
+decay 1e-5, FedDecorr 0.1). Both sides are float64 and compute the same thing, so weights agree to
+rounding (~1e-12 here) and are compared to 1e-7 (tests/reference_equivalence_test.py explains the
+chaos that bounds how many steps that holds for). Where the reference is defective
+(docs/reference.md §5) the fixture is the reference with its defect repaired from
+outside, and what is pinned is the paper's formula:
+- FedProx: the reference's proximal term is always zero (its `global_weight_collector` holds the
+  parameters being trained, so it compares the weights with themselves). The fixture repairs only
+  that list (detached copies of the broadcast weights); its own loop then adds the paper's
+  (mu/2) ||w - w_global||^2. The unrepaired reference is checked to be exactly FedAvg.
+- MOON: the reference never divides the similarities by the temperature. The fixture makes the
+  reference's cosine similarity return sim / T, i.e. the paper's exp(sim / T) logits; the
+  project's contrastive loss is also compared with that formula written here in NumPy on the
+  similarities the reference computed.
+- FedNova: the reference's own rule for the weights. For the BN running statistics the project
+  deliberately differs (docs/algorithms.md: the clients' example-weighted mean, where the
+  reference extrapolates through the normalised update); the test derives that mean from the
+  reference's own clients and checks the reference's extrapolation too.
+The one quantity Keras computes differently in float64 is the BN running variance (biased batch
+variance in the non-fused float64 kernel, PyTorch's is unbiased; tests/reference_equivalence_test
+checks the float32 kernel, which is unbiased): it is compared loosely, and where it feeds the
+computation (MOON evaluates the global and previous models in inference mode) the reference's
+values are put into the project's state between rounds.
+
+SCAFFOLD and FedBN (absent from the reference): against NumPy written here from the papers'
+pseudo-code (Karimireddy et al. 2020, Algorithm 1 with option II; Li et al. 2021, Algorithm 1) on
+a tiny dense model with BatchNorm whose gradients are written out by hand, over three rounds.
+"""
+
+import json
+import os
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+from tff_decorr import algorithms
+from tff_decorr import models
+from tff_decorr import regularizers
+from tff_decorr.algorithms import base
+from tff_decorr.algorithms import client_update
+from tff_decorr.algorithms import testing as algo_testing
+from tff_decorr.models import torch_import
+from tff_decorr.runtimes import tf_runtime
+
+DATA = os.path.join(os.path.dirname(os.path.realpath(__file__)), 'testdata', 'reference')
+ALG_DATA = os.path.join(DATA, 'algorithms')
+# As tests/reference_equivalence_test.py (a test module is not a dependency of another under
+# Bazel, so the few helpers are repeated here): the reference's CIFAR-10 normalisation, its client
+# SGD, its batch size.
+MEAN = np.array([125.3, 123.0, 113.9], np.float32) / 255.0
+STD = np.array([63.0, 62.1, 66.7], np.float32) / 255.0
+CONFIG = client_update.ClientConfig(lr=0.01, momentum=0.9, weight_decay=1e-5)
+BATCH = 32
+CLIENT_SIZES = (97, 64, 30)
+BN_MOMENTUM = 0.9  # PyTorch's momentum 0.1: s <- 0.9 s + 0.1 batch statistic.
+TOL = 1e-7
+# Biased vs unbiased batch variance over N*H*W >= 64 values, in the batch part of the statistic.
+VAR_TOL = 3e-2
+
+
+def fingerprint(name: str, array: np.ndarray) -> np.ndarray:
+  """As bench/reference_fixtures.py: (sum, sum of squares, dot with a name-seeded vector)."""
+  a = np.asarray(array, np.float64).ravel()
+  seed = int.from_bytes(name.encode()[:8].ljust(8, b'\0'), 'little') ^ a.size
+  r = np.random.default_rng(seed).standard_normal(a.size)
+  return np.array([a.sum(), (a * a).sum(), (a * r).sum()])
+
+
+def normalise(images_uint8: np.ndarray, dtype) -> np.ndarray:
+  """ToTensor + Normalize as the reference computes them (float32), then cast."""
+  return ((images_uint8.astype(np.float32) / 255.0 - MEAN) / STD).astype(dtype)
+
+
+def _rel(a, b, floor=1e-6):
+  """Largest difference relative to the largest reference value (or `floor` if that is ~0)."""
+  return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), floor))
+
+
+class Float64Scope:
+  """Builds Keras models in float64 inside the block."""
+
+  def __enter__(self):
+    self._old = tf.keras.backend.floatx()
+    tf.keras.backend.set_floatx('float64')
+
+  def __exit__(self, *exc):
+    tf.keras.backend.set_floatx(self._old)
+
+
+class _Fixture:
+  cache = {}
+
+  @classmethod
+  def load(cls, name, directory=ALG_DATA):
+    if (directory, name) not in cls.cache:
+      cls.cache[directory, name] = dict(np.load(os.path.join(directory, f'{name}.npz')))
+    return cls.cache[directory, name]
+
+
+def _init_state(dtype=np.float64):
+  """The reference's initial ResNet20 state_dict (resnet20.npz, bench/reference_fixtures.py)."""
+  fx = _Fixture.load('resnet20', DATA)
+  return {k[len('init/'):]: fx[k].astype(dtype) for k in fx if k.startswith('init/')}
+
+
+def _keys(fx, name='keys'):
+  return json.loads(str(fx[name]))
+
+
+def _project_key(key):
+  """The reference's MOON wraps ResNet20 as `features` (its classifier replaced by its own)."""
+  return key[len('features.'):] if key.startswith('features.') else key
+
+
+def _stats(fx, entry):
+  """A `.../stats` entry split back into {project key: array}."""
+  shapes = {k: v.shape for k, v in _init_state().items()}
+  out, flat, at = {}, fx[entry], 0
+  for key in _keys(fx, 'stat_keys'):
+    shape = shapes[_project_key(key)]
+    size = int(np.prod(shape))
+    out[_project_key(key)] = flat[at:at + size].reshape(shape)
+    at += size
+  assert at == flat.size, entry
+  return out
+
+
+def _resnet20_f64(state):
+  with Float64Scope():
+    m = models.build('resnet20', num_classes=10, input_shape=(32, 32, 3))
+  torch_import.assign_torch_state(m, state)
+  return m
+
+
+class _Run:
+  """One of the project's algorithms on a fixture's clients, ResNet20 in float64, TF runtime."""
+
+  def __init__(self, name, fx, regularizer, init=None, **hparams):
+    self.state = _init_state()
+    self.state.update({k: np.asarray(v, np.float64) for k, v in (init or {}).items()})
+    self.model = _resnet20_f64(self.state)
+    b = _Fixture.load('batches', DATA)
+    indices = [fx[f'client{i}/indices'] for i in range(len(CLIENT_SIZES))]
+    data = [(normalise(b['images'][ix], np.float64), b['labels'][ix].astype(np.int32))
+            for ix in indices]
+    with Float64Scope():
+      self.alg = algorithms.build(name, lambda: _resnet20_f64(self.state), CONFIG,
+                                  regularizer, **hparams)
+      self.runtime = tf_runtime.TfRuntime(
+          self.alg, algo_testing.make_client_dataset_fn(data, batch_size=BATCH))
+      self.server = self.runtime.initialize()
+    self.clients = [self.alg.initial_client_state(self.server['weights']) if self.alg.stateful
+                    else base.NO_CLIENT_STATE for _ in data]
+
+  def round(self):
+    with Float64Scope():
+      self.server, self.clients, metrics = self.runtime.run_round(
+          self.server, [(str(i), 0) for i in range(len(self.clients))], self.clients)
+    return metrics
+
+  def torch_state(self, weights=None):
+    for v, x in zip(self.model.weights, self.server['weights'] if weights is None else weights):
+      v.assign(x)
+    return torch_import.to_torch_layout(self.model, self.state)
+
+  def with_running_var(self, weights, stats):
+    """`weights` with their BN running variances replaced by `stats`'."""
+    sd = self.torch_state(weights)
+    sd.update({k: v for k, v in stats.items() if k.endswith('running_var')})
+    torch_import.assign_torch_state(self.model, sd)
+    return [v.numpy() for v in self.model.weights]
+
+
+def _feddecorr():
+  return regularizers.get('feddecorr', beta=0.1)
+
+
+class ReferenceTest(parameterized.TestCase):
+
+  def assert_state(self, got, fx, entry, trainable_only=False):
+    """got: {project key: array}; fx[entry]: the reference's fingerprints. Running variances
+    loosely (module docstring), from `entry/stats` when the fixture has them."""
+    for key, ref in zip(_keys(fx), fx[entry]):
+      if 'running' in key and trainable_only:
+        continue
+      v = got[_project_key(key)]
+      if 'running_var' in key:
+        if f'{entry}/stats' in fx:
+          self.assertLess(_rel(v, _stats(fx, f'{entry}/stats')[_project_key(key)]),
+                          VAR_TOL, f'{entry}: {key}')
+        continue
+      self.assertLess(_rel(fingerprint(key, v), ref), TOL, f'{entry}: {key}')
+
+  def test_fedprox_reference_defect_makes_it_fedavg(self):
+    """The unrepaired reference (mu = 1) gives FedAvg's round (resnet20.npz), bit for bit."""
+    asis, fedavg = _Fixture.load('fedprox_asis'), _Fixture.load('resnet20', DATA)
+    for key, fp in zip(_keys(asis), asis['global1']):
+      np.testing.assert_array_equal(fp, fedavg[f'f64/fedavg/global/{key}'], err_msg=key)
+
+  def test_fedprox_round_equals_reference_with_proximal_term_repaired(self):
+    fixed, asis = _Fixture.load('fedprox_fixed'), _Fixture.load('fedprox_asis')
+    run = _Run('fedprox', fixed, _feddecorr(), mu=1.0)
+    run.round()
+    self.assert_state(run.torch_state(), fixed, 'global1')
+    # The term acts: the repaired and the unrepaired reference differ far beyond the tolerance.
+    moved = max(_rel(f, a) for key, f, a in zip(_keys(fixed), fixed['global1'],
+                                                     asis['global1']) if 'running' not in key)
+    self.assertGreater(moved, 1e3 * TOL)
+
+  def test_moon_reference_similarities_are_cosines_and_temperature_acts_in_round_2(self):
+    fx, asis = _Fixture.load('moon_t0.5'), _Fixture.load('moon_asis')
+    # Round 1 (previous model = global model): the contrastive gradient is 0 at any temperature.
+    # Round 2: the temperature the reference ignores moves the weights far beyond the tolerance.
+    moved = lambda r: max(_rel(f, a) for key, f, a in zip(
+        _keys(fx), fx[f'global{r}'], asis[f'global{r}']) if 'running' not in key)
+    self.assertLess(moved(1), 1e-12)
+    self.assertGreater(moved(2), 1e3 * TOL)
+    z, zg, zp = (fx[f'round2/client0/{k}'] for k in ('z', 'z_global', 'z_prev'))
+    cos = lambda a, b: (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+    np.testing.assert_allclose(fx['round2/client0/sims'][:len(z)],
+                               np.stack([cos(z, zg), cos(z, zp)], -1), rtol=1e-12)
+
+  @parameterized.named_parameters(('paper_temperature', 'moon_t0.5', 0.5),
+                                  ('reference_as_is', 'moon_asis', 1.0))
+  def test_moon_two_rounds(self, run_name, temperature):
+    """T = 0.5 against the reference with the temperature applied as the paper (exp(sim / T));
+    T = 1 against the unmodified reference (its missing temperature is then T = 1). Round 1's
+    previous model is the initial global one, so round 2 is where the contrastive term acts."""
+    fx = _Fixture.load(run_name)
+    init = {k: fx[f'init/{k}'] for k in ('classifier.weight', 'classifier.bias')}
+    run = _Run('moon', fx, _feddecorr(), init=init, mu=1.0, temperature=temperature)
+    for r in (1, 2):
+      metrics = run.round()
+      self.assert_state(run.torch_state(), fx, f'global{r}')
+      # The paper's loss on the reference's similarities, in NumPy: for each example
+      # -log(e^{s_g/T} / (e^{s_g/T} + e^{s_p/T})), averaged over the batch, times mu = 1.
+      expected = 0.0
+      for i in range(len(CLIENT_SIZES)):
+        sims = fx[f'round{r}/client{i}/sims'] / temperature  # [examples, 2], steps in order
+        for step in np.split(sims, range(BATCH, len(sims), BATCH)):
+          l_con = np.logaddexp(step[:, 0], step[:, 1]) - step[:, 0]
+          expected += l_con.mean() * len(step)  # extra_sum: batch values times the batch size
+      self.assertAlmostEqual(float(metrics['extra_sum']), expected, delta=1e-5 * expected)
+      if r == 1:
+        self.assertAlmostEqual(expected, sum(CLIENT_SIZES) * np.log(2), delta=1e-9)
+      # The running variances the reference's eval-mode forwards use (module docstring).
+      run.server = dict(run.server, weights=run.with_running_var(
+          run.server['weights'], _stats(fx, f'global{r}/stats')))
+      run.clients = [dict(c, previous=run.with_running_var(
+          c['previous'], _stats(fx, f'round{r}/client{i}/stats')))
+                     for i, c in enumerate(run.clients)]
+
+  def test_fednova_three_rounds_with_bn_statistics(self):
+    fx = _Fixture.load('fednova')
+    p = np.array(CLIENT_SIZES, np.float64) / sum(CLIENT_SIZES)
+    run = _Run('fednova', fx, _feddecorr())
+    expected = _stats(fx, 'global0/stats')  # the project's statistics, from the same start
+    for r in (1, 2, 3):
+      run.round()
+      got = run.torch_state()
+      self.assert_state(got, fx, f'global{r}', trainable_only=True)
+      steps = [int(fx[f'round{r}/client{i}/steps']) for i in range(3)]
+      a = np.array([float(fx[f'round{r}/client{i}/a']) for i in range(3)])
+      ours = client_update.effective_steps(tf.constant(steps), CONFIG.momentum, tf.float64)
+      np.testing.assert_allclose(ours.numpy(), a, rtol=1e-14)
+      self.assertAlmostEqual(float(fx[f'round{r}/tau_eff']), p @ a, delta=1e-12)
+      x_ref = _stats(fx, f'global{r - 1}/stats')
+      clients = [_stats(fx, f'round{r}/client{i}/stats') for i in range(3)]
+      # The reference's own rule, for the record: its running statistics go through the
+      # normalised update x + tau_eff sum_i p_i (y_i - x) / a_i, whose coefficients sum to
+      # tau_eff * sum_i p_i / a_i > 1 when the a_i differ: an extrapolation past every client.
+      self.assertGreater(p @ a * (p @ (1 / a)), 1.0)
+      for key, x in x_ref.items():
+        extrapolated = x + (p @ a) * sum(pi * (c[key] - x) / ai for pi, c, ai in zip(p, clients, a))
+        np.testing.assert_allclose(_stats(fx, f'global{r}/stats')[key], extrapolated, rtol=1e-10,
+                                   atol=1e-14, err_msg=key)
+      # The project's rule on the same clients: each client's statistic is 0.9^k times its start
+      # plus what its batches added, which the start does not change (train-mode forwards use
+      # batch statistics), so from the project's start it is y_i + 0.9^k_i (ours - reference's).
+      expected = {key: sum(pi * (c[key] + BN_MOMENTUM**k * (expected[key] - x_ref[key]))
+                           for pi, c, k in zip(p, clients, steps)) for key in x_ref}
+      for key, v in expected.items():
+        tol = VAR_TOL if key.endswith('running_var') else TOL
+        self.assertLess(_rel(got[key], v), tol, f'round {r}: {key}')
+      expected = {k: (got[k] if k.endswith('running_var') else v) for k, v in expected.items()}
+
+
+
+# SCAFFOLD and FedBN: a tiny model, x -> Dense(5) -> BatchNorm -> ReLU (representation) -> Dense(3),
+# trained in float64 by the project and by NumPy below.
+D_IN, HIDDEN, CLASSES, EPS = 6, 5, 3, 1e-5
+TRAINABLE = ('dense/kernel', 'dense/bias', 'bn/gamma', 'bn/beta', 'head/kernel', 'head/bias')
+BN = ('bn/gamma', 'bn/beta', 'bn/moving_mean', 'bn/moving_variance')
+
+
+def _dense_bn_model():
+  with Float64Scope():
+    init = lambda i: tf.keras.initializers.GlorotUniform(seed=i)
+    inputs = tf.keras.Input((D_IN,))
+    h = tf.keras.layers.Dense(HIDDEN, kernel_initializer=init(1), bias_initializer='zeros',
+                              name='dense')(inputs)
+    h = tf.keras.layers.BatchNormalization(momentum=BN_MOMENTUM, epsilon=EPS, name='bn')(h)
+    rep = tf.keras.layers.ReLU()(h)
+    logits = tf.keras.layers.Dense(CLASSES, kernel_initializer=init(2), name='head')(rep)
+    return tf.keras.Model(inputs, {'representation': rep, 'logits': logits})
+
+
+def _names(model):
+  return [v.name.split(':')[0] for v in model.weights]
+
+
+def _as_dict(model, weights):
+  return dict(zip(_names(model), [np.asarray(w, np.float64) for w in weights]))
+
+
+def _clients(sizes, seed):
+  """Per-client (x, y), each client's features shifted and scaled differently."""
+  rng = np.random.RandomState(seed)
+  return [(rng.normal(0.4 * i, 1.0 + 0.5 * i, (n, D_IN)),
+           rng.randint(0, CLASSES, n).astype(np.int32)) for i, n in enumerate(sizes)]
+
+
+def _np_gradients(w, x, y):
+  """Mean cross-entropy's gradients for the model above in training mode (batch statistics,
+  biased batch variance as BatchNorm normalises), and the batch mean and variance."""
+  a = x @ w['dense/kernel'] + w['dense/bias']
+  mean, var = a.mean(0), a.var(0)
+  inv = 1.0 / np.sqrt(var + EPS)
+  xhat = (a - mean) * inv
+  h = w['bn/gamma'] * xhat + w['bn/beta']
+  r = np.maximum(h, 0.0)
+  logits = r @ w['head/kernel'] + w['head/bias']
+  p = np.exp(logits - logits.max(1, keepdims=True))
+  p /= p.sum(1, keepdims=True)
+  n = len(y)
+  dlogits = (p - np.eye(CLASSES)[y]) / n
+  dh = (dlogits @ w['head/kernel'].T) * (h > 0)
+  dxhat = dh * w['bn/gamma']
+  da = inv / n * (n * dxhat - dxhat.sum(0) - xhat * (dxhat * xhat).sum(0))
+  grads = {'head/kernel': r.T @ dlogits, 'head/bias': dlogits.sum(0),
+           'bn/gamma': (dh * xhat).sum(0), 'bn/beta': dh.sum(0),
+           'dense/kernel': x.T @ da, 'dense/bias': da.sum(0)}
+  return grads, mean, var
+
+
+def _np_local_sgd(w, data, cfg, batch, correction=None):
+  """One epoch of SGD over `data` in order: g (+ correction) + wd w, momentum, step; the BN moving
+  statistics s <- s - (s - batch statistic) * 0.1 (batch mean, biased batch variance), as Keras'
+  float64 kernel computes it: with its 0.1 = 1 - momentum made a float32 constant (0.1 + 1.5e-9)."""
+  decay = float(np.float32(1.0 - BN_MOMENTUM))
+  w = {k: v.copy() for k, v in w.items()}
+  buf = {k: np.zeros_like(w[k]) for k in TRAINABLE}
+  x, y = data
+  steps = 0
+  for s in range(0, len(y), batch):
+    grads, mean, var = _np_gradients(w, x[s:s + batch], y[s:s + batch])
+    w['bn/moving_mean'] = w['bn/moving_mean'] - (w['bn/moving_mean'] - mean) * decay
+    w['bn/moving_variance'] = w['bn/moving_variance'] - (w['bn/moving_variance'] - var) * decay
+    for k in TRAINABLE:
+      g = grads[k] + (correction[k] if correction else 0.0) + cfg.weight_decay * w[k]
+      buf[k] = cfg.momentum * buf[k] + g
+      w[k] = w[k] - cfg.lr * buf[k]
+    steps += 1
+  return w, steps
+
+
+class PaperTest(parameterized.TestCase):
+  """SCAFFOLD and FedBN, which the reference lacks, against NumPy from the papers' pseudo-code."""
+
+  def assert_close(self, got, want, what):
+    for k in want:
+      np.testing.assert_allclose(got[k], want[k], rtol=1e-9, atol=1e-12, err_msg=f'{what}: {k}')
+
+  def _runtime(self, name, data, cfg, **hparams):
+    alg = algorithms.build(name, _dense_bn_model, cfg, None, **hparams)
+    with Float64Scope():
+      runtime = tf_runtime.TfRuntime(alg, algo_testing.make_client_dataset_fn(data, batch_size=4))
+      return alg, runtime, runtime.initialize()
+
+  def test_numpy_gradients_are_the_models(self):
+    """The hand-written gradients above against TensorFlow's (so the tests below compare
+    algorithms, not differentiation)."""
+    model = _dense_bn_model()
+    x, y = _clients([7], seed=3)[0]
+    with tf.GradientTape() as tape:
+      logits = model(x, training=True)['logits']
+      loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, logits,
+                                                                            from_logits=True))
+    tf_grads = dict(zip([v.name.split(':')[0] for v in model.trainable_weights],
+                        tape.gradient(loss, model.trainable_weights)))
+    grads, _, _ = _np_gradients(_as_dict(model, model.weights), x, y)
+    self.assert_close({k: g.numpy() for k, g in tf_grads.items()}, grads, 'gradient')
+
+  @parameterized.named_parameters(('paper_sgd', 0.0), ('momentum', 0.9))
+  def test_scaffold_three_rounds_partial_participation(self, momentum):
+    """Karimireddy et al. 2020, Algorithm 1, option II, N = 4 clients, 3 sampled per round:
+      client i from y_i = x, each step y_i <- y_i - lr (g_i(y_i) + c - c_i);
+      c_i+ = c_i - c + (x - y_i) / (K lr);  uploads (y_i - x, c_i+ - c_i);
+      x <- x + eta_g mean_S (y_i - x);  c <- c + (1/N) sum_S (c_i+ - c_i).
+    The whole state moves with y_i - x (BN moving statistics too; they have no control variate).
+    With momentum rho (not in the paper) the project divides by a_K lr instead of K lr,
+    a_K = (K - rho (1 - rho^K) / (1 - rho)) / (1 - rho) (docs/algorithms.md), written here from
+    that formula; rho = 0 is the paper exactly."""
+    cfg = client_update.ClientConfig(lr=0.1, momentum=momentum, weight_decay=1e-3)
+    data = _clients((10, 6, 14, 8), seed=0)
+    alg, runtime, server = self._runtime('scaffold', data, cfg, num_clients=4, server_lr=0.8)
+    model = _dense_bn_model()
+    x = _as_dict(model, server['weights'])
+    c = {k: np.zeros_like(x[k]) for k in TRAINABLE}
+    ci = [dict(c) for _ in data]
+    states = [alg.initial_client_state(server['weights']) for _ in data]
+    for sampled in ([0, 1, 2], [1, 2, 3], [0, 2, 3]):
+      with Float64Scope():
+        server, new_states, _ = runtime.run_round(server, [(str(i), 0) for i in sampled],
+                                                  [states[i] for i in sampled])
+      for i, st in zip(sampled, new_states):
+        states[i] = st
+      dy, dc = [], []
+      for i in sampled:
+        correction = {k: c[k] - ci[i][k] for k in TRAINABLE}
+        y, k_steps = _np_local_sgd(x, data[i], cfg, 4, correction)
+        a_k = k_steps if momentum == 0 else (
+            (k_steps - momentum * (1 - momentum**k_steps) / (1 - momentum)) / (1 - momentum))
+        new_ci = {k: ci[i][k] - c[k] + (x[k] - y[k]) / (a_k * cfg.lr) for k in TRAINABLE}
+        dy.append({k: y[k] - x[k] for k in x})
+        dc.append({k: new_ci[k] - ci[i][k] for k in TRAINABLE})
+        ci[i] = new_ci
+      x = {k: x[k] + 0.8 * np.mean([d[k] for d in dy], 0) for k in x}
+      c = {k: c[k] + np.sum([d[k] for d in dc], 0) / 4 for k in TRAINABLE}
+      self.assert_close(_as_dict(model, server['weights']), x, f'{sampled}: x')
+      order = [v.name.split(':')[0] for v in model.trainable_weights]
+      self.assert_close(dict(zip(order, server['control'])), c, f'{sampled}: c')
+      for i in range(len(data)):
+        self.assert_close(dict(zip(order, states[i]['control'])), ci[i], f'c_{i}')
+
+  def test_fedbn_three_rounds(self):
+    """Li et al. 2021, Algorithm 1: each client keeps its BatchNorm parameters and statistics
+    (gamma, beta, moving mean and variance) and trains from the global other weights with them;
+    the server averages only the non-BN weights. The clients hold equal numbers of examples, where
+    the paper's mean over clients and the project's example-weighted mean (FedAvg's) coincide."""
+    cfg = client_update.ClientConfig(lr=0.1, momentum=0.9, weight_decay=1e-3)
+    data = _clients((12, 12, 12), seed=1)
+    alg, runtime, server = self._runtime('fedbn', data, cfg)
+    model = _dense_bn_model()
+    x = _as_dict(model, server['weights'])
+    start_bn = {k: x[k] for k in BN}
+    local_bn = [dict(start_bn) for _ in data]
+    states = [alg.initial_client_state(server['weights']) for _ in data]
+    bn_index = [i for i, n in enumerate(_names(model)) if n in BN]
+    for r in range(3):
+      with Float64Scope():
+        server, states, _ = runtime.run_round(server, [(str(i), 0) for i in range(3)], states)
+      ys = []
+      for i in range(3):
+        y, _ = _np_local_sgd(dict(x, **local_bn[i]), data[i], cfg, 4)
+        local_bn[i] = {k: y[k] for k in BN}
+        ys.append(y)
+      x = {k: (x[k] if k in BN else np.mean([y[k] for y in ys], 0)) for k in x}
+      got = _as_dict(model, server['weights'])
+      self.assert_close(got, x, f'round {r + 1}: server')
+      self.assert_close({k: got[k] for k in BN}, start_bn, 'server BN never changes')
+      for i in range(3):
+        own = dict(zip([_names(model)[j] for j in bn_index], states[i]['bn']))
+        self.assert_close(own, local_bn[i], f'round {r + 1}: client {i} BN')
+        personal = _as_dict(model, alg.client_weights(server, states[i]))
+        self.assert_close(personal, dict(x, **local_bn[i]), f'client {i} model')
+
+
+if __name__ == '__main__':
+  absltest.main()
