@@ -65,6 +65,11 @@ flags.DEFINE_list('settings', ['digits'], f'Settings to run: {", ".join(SETTINGS
 flags.DEFINE_enum('runtime', 'tff', ['tff', 'tf'], 'bin/train --runtime.')
 flags.DEFINE_list('extra', [], 'More bin/train flags for every run (e.g. --eval_every=10).')
 flags.DEFINE_string('output_name', None, 'Result file name (default: run_phases_<settings>).')
+flags.DEFINE_list('runs', ['first', 'second'],
+                  'first: on an empty client-data cache; second: on the cache the first left (or '
+                  'the one in --cache_dir).')
+flags.DEFINE_string('cache_dir', None, 'Client-data cache to use (default: a new one per setting, '
+                    'removed afterwards); keep one to compare environments on a warm cache.')
 
 
 def _children_cpu() -> float:
@@ -125,10 +130,11 @@ def main(argv):
   tmp = tempfile.mkdtemp(prefix='run_phases_')
   try:
     for name in FLAGS.settings:
-      cache = os.path.join(tmp, f'cache_{name}')
+      cache = os.path.join(FLAGS.cache_dir or tmp, f'cache_{name}')
       runs = {}
       for which in ('first', 'second'):  # empty cache, then the cache the first one wrote
-        runs[which] = run_once(SETTINGS[name], os.path.join(tmp, f'{name}_{which}'), cache)
+        if which in FLAGS.runs:
+          runs[which] = run_once(SETTINGS[name], os.path.join(tmp, f'{name}_{which}'), cache)
       report['settings'][name] = {'args': SETTINGS[name] + FLAGS.extra, 'runs': runs}
       print(_table(name, runs), flush=True)
   finally:
