@@ -101,8 +101,8 @@ The runs (name: approach, its arguments, rounds):
   `client{i}/indices` and `settings` give them).
 - `fedsam`: FedSAM, SAM rho 0.05 (`--rho` of the approach; the momentum is main.py's --rho 0.9),
   2 rounds.
-tests/reference_algorithms_test.py reads the FedProx, MOON and FedNova runs; the others are for
-algorithms this project does not have yet.
+tests/reference_algorithms_test.py reads the FedProx, MOON and FedNova runs,
+tests/reference_optimizers_test.py the others.
 """
 
 from __future__ import annotations

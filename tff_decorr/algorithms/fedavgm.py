@@ -89,10 +89,10 @@ class FedAvgM(fedavg.FedAvg):
   def server_step(self, server_state, contribution, weight):
     x = [tf.convert_to_tensor(w) for w in server_state['weights']]
     avg = base.safe_average(contribution, weight, x)
-    b = tf.constant(self.server_momentum, tf.float32)
     bn = self.hparams.bn
     new_x, new_m = [], []
     for xi, ai, mi, trainable in zip(x, avg, server_state['momentum'], self.spec.trainable):
+      b = tf.constant(self.server_momentum, xi.dtype)  # The weights' float type (float64 too).
       if not trainable and bn != 'reference':  # BN statistics (module docstring).
         new_x.append(b * xi + (1.0 - b) * ai if bn == 'ema' else ai)
         new_m.append(tf.zeros_like(xi))
