@@ -48,7 +48,7 @@ CLIENT_SIZES = (97, 64, 30)
 
 def fingerprint(name: str, array: np.ndarray) -> np.ndarray:
   """(sum, sum of squares, dot with a vector seeded by the tensor's name): 3 float64 numbers that
-  move with any change of the tensor. tests/reference_equivalence_test.py has the same function."""
+  move with any change of the tensor. tests/testutil.py has the same function."""
   a = np.asarray(array, np.float64).ravel()
   seed = int.from_bytes(name.encode()[:8].ljust(8, b'\0'), 'little') ^ a.size
   r = np.random.default_rng(seed).standard_normal(a.size)

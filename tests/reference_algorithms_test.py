@@ -41,6 +41,7 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
+from tests import testutil
 from tff_decorr import algorithms
 from tff_decorr import models
 from tff_decorr import regularizers
@@ -55,8 +56,6 @@ ALG_DATA = os.path.join(DATA, 'algorithms')
 # As tests/reference_equivalence_test.py (a test module is not a dependency of another under
 # Bazel, so the few helpers are repeated here): the reference's CIFAR-10 normalisation, its client
 # SGD, its batch size.
-MEAN = np.array([125.3, 123.0, 113.9], np.float32) / 255.0
-STD = np.array([63.0, 62.1, 66.7], np.float32) / 255.0
 CONFIG = client_update.ClientConfig(lr=0.01, momentum=0.9, weight_decay=1e-5)
 BATCH = 32
 CLIENT_SIZES = (97, 64, 30)
@@ -66,33 +65,11 @@ TOL = 1e-7
 VAR_TOL = 3e-2
 
 
-def fingerprint(name: str, array: np.ndarray) -> np.ndarray:
-  """As bench/reference_fixtures.py: (sum, sum of squares, dot with a name-seeded vector)."""
-  a = np.asarray(array, np.float64).ravel()
-  seed = int.from_bytes(name.encode()[:8].ljust(8, b'\0'), 'little') ^ a.size
-  r = np.random.default_rng(seed).standard_normal(a.size)
-  return np.array([a.sum(), (a * a).sum(), (a * r).sum()])
 
 
-def normalise(images_uint8: np.ndarray, dtype) -> np.ndarray:
-  """ToTensor + Normalize as the reference computes them (float32), then cast."""
-  return ((images_uint8.astype(np.float32) / 255.0 - MEAN) / STD).astype(dtype)
 
 
-def _rel(a, b, floor=1e-6):
-  """Largest difference relative to the largest reference value (or `floor` if that is ~0)."""
-  return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), floor))
 
-
-class Float64Scope:
-  """Builds Keras models in float64 inside the block."""
-
-  def __enter__(self):
-    self._old = tf.keras.backend.floatx()
-    tf.keras.backend.set_floatx('float64')
-
-  def __exit__(self, *exc):
-    tf.keras.backend.set_floatx(self._old)
 
 
 class _Fixture:
@@ -134,7 +111,7 @@ def _stats(fx, entry):
 
 
 def _resnet20_f64(state):
-  with Float64Scope():
+  with testutil.Float64Scope():
     m = models.build('resnet20', num_classes=10, input_shape=(32, 32, 3))
   torch_import.assign_torch_state(m, state)
   return m
@@ -149,9 +126,9 @@ class _Run:
     self.model = _resnet20_f64(self.state)
     b = _Fixture.load('batches', DATA)
     indices = [fx[f'client{i}/indices'] for i in range(len(CLIENT_SIZES))]
-    data = [(normalise(b['images'][ix], np.float64), b['labels'][ix].astype(np.int32))
+    data = [(testutil.normalise(b['images'][ix], np.float64), b['labels'][ix].astype(np.int32))
             for ix in indices]
-    with Float64Scope():
+    with testutil.Float64Scope():
       self.alg = algorithms.build(name, lambda: _resnet20_f64(self.state), CONFIG,
                                   regularizer, **hparams)
       self.runtime = tf_runtime.TfRuntime(
@@ -161,7 +138,7 @@ class _Run:
                     else base.NO_CLIENT_STATE for _ in data]
 
   def round(self):
-    with Float64Scope():
+    with testutil.Float64Scope():
       self.server, self.clients, metrics = self.runtime.run_round(
           self.server, [(str(i), 0) for i in range(len(self.clients))], self.clients)
     return metrics
@@ -194,10 +171,10 @@ class ReferenceTest(parameterized.TestCase):
       v = got[_project_key(key)]
       if 'running_var' in key:
         if f'{entry}/stats' in fx:
-          self.assertLess(_rel(v, _stats(fx, f'{entry}/stats')[_project_key(key)]),
+          self.assertLess(testutil.relative_difference(v, _stats(fx, f'{entry}/stats')[_project_key(key)]),
                           VAR_TOL, f'{entry}: {key}')
         continue
-      self.assertLess(_rel(fingerprint(key, v), ref), TOL, f'{entry}: {key}')
+      self.assertLess(testutil.relative_difference(testutil.fingerprint(key, v), ref), TOL, f'{entry}: {key}')
 
   def test_fedprox_reference_defect_makes_it_fedavg(self):
     """The unrepaired reference (mu = 1) gives FedAvg's round (resnet20.npz), bit for bit."""
@@ -211,7 +188,7 @@ class ReferenceTest(parameterized.TestCase):
     run.round()
     self.assert_state(run.torch_state(), fixed, 'global1')
     # The term acts: the repaired and the unrepaired reference differ far beyond the tolerance.
-    moved = max(_rel(f, a) for key, f, a in zip(_keys(fixed), fixed['global1'],
+    moved = max(testutil.relative_difference(f, a) for key, f, a in zip(_keys(fixed), fixed['global1'],
                                                      asis['global1']) if 'running' not in key)
     self.assertGreater(moved, 1e3 * TOL)
 
@@ -219,7 +196,7 @@ class ReferenceTest(parameterized.TestCase):
     fx, asis = _Fixture.load('moon_t0.5'), _Fixture.load('moon_asis')
     # Round 1 (previous model = global model): the contrastive gradient is 0 at any temperature.
     # Round 2: the temperature the reference ignores moves the weights far beyond the tolerance.
-    moved = lambda r: max(_rel(f, a) for key, f, a in zip(
+    moved = lambda r: max(testutil.relative_difference(f, a) for key, f, a in zip(
         _keys(fx), fx[f'global{r}'], asis[f'global{r}']) if 'running' not in key)
     self.assertLess(moved(1), 1e-12)
     self.assertGreater(moved(2), 1e3 * TOL)
@@ -289,7 +266,7 @@ class ReferenceTest(parameterized.TestCase):
                            for pi, c, k in zip(p, clients, steps)) for key in x_ref}
       for key, v in expected.items():
         tol = VAR_TOL if key.endswith('running_var') else TOL
-        self.assertLess(_rel(got[key], v), tol, f'round {r}: {key}')
+        self.assertLess(testutil.relative_difference(got[key], v), tol, f'round {r}: {key}')
       expected = {k: (got[k] if k.endswith('running_var') else v) for k, v in expected.items()}
 
 
@@ -302,7 +279,7 @@ BN = ('bn/gamma', 'bn/beta', 'bn/moving_mean', 'bn/moving_variance')
 
 
 def _dense_bn_model():
-  with Float64Scope():
+  with testutil.Float64Scope():
     init = lambda i: tf.keras.initializers.GlorotUniform(seed=i)
     inputs = tf.keras.Input((D_IN,))
     h = tf.keras.layers.Dense(HIDDEN, kernel_initializer=init(1), bias_initializer='zeros',
@@ -381,7 +358,7 @@ class PaperTest(parameterized.TestCase):
 
   def _runtime(self, name, data, cfg, **hparams):
     alg = algorithms.build(name, _dense_bn_model, cfg, None, **hparams)
-    with Float64Scope():
+    with testutil.Float64Scope():
       runtime = tf_runtime.TfRuntime(alg, algo_testing.make_client_dataset_fn(data, batch_size=4))
       return alg, runtime, runtime.initialize()
 
@@ -418,7 +395,7 @@ class PaperTest(parameterized.TestCase):
     ci = [dict(c) for _ in data]
     states = [alg.initial_client_state(server['weights']) for _ in data]
     for sampled in ([0, 1, 2], [1, 2, 3], [0, 2, 3]):
-      with Float64Scope():
+      with testutil.Float64Scope():
         server, new_states, _ = runtime.run_round(server, [(str(i), 0) for i in sampled],
                                                   [states[i] for i in sampled])
       for i, st in zip(sampled, new_states):
@@ -456,7 +433,7 @@ class PaperTest(parameterized.TestCase):
     states = [alg.initial_client_state(server['weights']) for _ in data]
     bn_index = [i for i, n in enumerate(_names(model)) if n in BN]
     for r in range(3):
-      with Float64Scope():
+      with testutil.Float64Scope():
         server, states, _ = runtime.run_round(server, [(str(i), 0) for i in range(3)], states)
       ys = []
       for i in range(3):

@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from tasks import registry
+from tests import testutil
 from tff_decorr import models
 from tff_decorr import regularizers
 from tff_decorr.algorithms import client_update
@@ -39,26 +40,14 @@ from tff_decorr.models import torch_import
 from tff_decorr.runtimes import tf_runtime
 
 DATA = os.path.join(os.path.dirname(os.path.realpath(__file__)), 'testdata', 'reference')
-# The reference's CIFAR-10 normalisation (dataset_utils.get_dataloader), written out here.
-MEAN = np.array([125.3, 123.0, 113.9], np.float32) / 255.0
-STD = np.array([63.0, 62.1, 66.7], np.float32) / 255.0
 MODELS = {'resnet20': 'resnet20', 'mobilenetv2': 'mobilenet_v2_cifar'}
 CONFIG = client_update.ClientConfig(lr=0.01, momentum=0.9, weight_decay=1e-5)
 BATCH = 32
 CLIENT_SIZES = (97, 64, 30)
 
 
-def fingerprint(name: str, array: np.ndarray) -> np.ndarray:
-  """As bench/reference_fixtures.py: (sum, sum of squares, dot with a name-seeded vector)."""
-  a = np.asarray(array, np.float64).ravel()
-  seed = int.from_bytes(name.encode()[:8].ljust(8, b'\0'), 'little') ^ a.size
-  r = np.random.default_rng(seed).standard_normal(a.size)
-  return np.array([a.sum(), (a * a).sum(), (a * r).sum()])
 
 
-def normalise(images_uint8: np.ndarray, dtype) -> np.ndarray:
-  """ToTensor + Normalize as the reference computes them (float32), then cast."""
-  return ((images_uint8.astype(np.float32) / 255.0 - MEAN) / STD).astype(dtype)
 
 
 class _Fixture:
@@ -91,25 +80,9 @@ def _fixed_batches(steps, dtype):
   b = _batches()
   n = len(b['labels'])
   idx = np.concatenate([np.arange(t * BATCH, (t + 1) * BATCH) % n for t in range(steps)])
-  x = normalise(b['images'][idx], dtype)
+  x = testutil.normalise(b['images'][idx], dtype)
   return tf.data.Dataset.from_tensor_slices((x, b['labels'][idx].astype(np.int32))).batch(BATCH)
 
-
-class Float64Scope:
-  """Builds Keras models in float64 inside the block."""
-
-  def __enter__(self):
-    self._old = tf.keras.backend.floatx()
-    tf.keras.backend.set_floatx('float64')
-
-  def __exit__(self, *exc):
-    tf.keras.backend.set_floatx(self._old)
-
-
-def _rel(a, b, floor=1e-6):
-  """Largest difference relative to the largest reference value, or to `floor` for a tensor that
-  is ~0 (e.g. the bias of a BN whose output feeds another BN: its gradient is rounding, ~1e-16)."""
-  return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), floor))
 
 
 class ConverterTest(absltest.TestCase):
@@ -144,19 +117,19 @@ class Float32Test(absltest.TestCase):
   def test_task_normalisation_is_the_reference_one(self):
     images = _batches()['images'][:8]
     got = registry.get('cifar10').preprocess(tf.constant(images)).numpy()
-    np.testing.assert_allclose(got, normalise(images, np.float32), atol=1e-6)
+    np.testing.assert_allclose(got, testutil.normalise(images, np.float32), atol=1e-6)
 
   def test_forward_at_initialisation(self):
     for name in MODELS:
       fx = _Fixture.load(name)
       m = _model(name)
-      x = normalise(_batches()['images'][:BATCH], np.float32)
+      x = testutil.normalise(_batches()['images'][:BATCH], np.float32)
       out = m(x, training=False)
-      self.assertLess(_rel(out['logits'].numpy(), fx['eval_logits']), 1e-5, name)
-      self.assertLess(_rel(out['representation'].numpy(), fx['eval_features']), 1e-5, name)
+      self.assertLess(testutil.relative_difference(out['logits'].numpy(), fx['eval_logits']), 1e-5, name)
+      self.assertLess(testutil.relative_difference(out['representation'].numpy(), fx['eval_features']), 1e-5, name)
       # Train mode normalises with batch statistics: TF's float32 rounding reaches 2e-4 through
       # MobileNetV2's 52 BatchNorms; in float64 the two agree to 1e-12 (next test).
-      self.assertLess(_rel(m(x, training=True)['logits'].numpy(), fx['train_logits']), 1e-3, name)
+      self.assertLess(testutil.relative_difference(m(x, training=True)['logits'].numpy(), fx['train_logits']), 1e-3, name)
 
   def test_first_step(self):
     """Loss terms, gradients and BatchNorm statistics of one step (ResNet20, FedDecorr 0.1)."""
@@ -187,7 +160,7 @@ class Float32Test(absltest.TestCase):
     got = torch_import.to_torch_layout(ws.model, state)
     for key in got:
       if 'running' in key:
-        self.assertLess(_rel(got[key], fx[f'decorr/step1/{key}']), 1e-5, key)
+        self.assertLess(testutil.relative_difference(got[key], fx[f'decorr/step1/{key}']), 1e-5, key)
 
   def test_default_initialisation_follows_the_reference(self):
     """Per-tensor std of our default draw vs PyTorch's draw (sampling error: std / sqrt(2n))."""
@@ -216,7 +189,7 @@ class Float64Test(absltest.TestCase):
   def _trajectory(self, name, beta, steps_list):
     fx = _Fixture.load(name)
     tag = 'f64/decorr' if beta else 'f64/plain'
-    with Float64Scope():
+    with testutil.Float64Scope():
       state = _init_state(name, np.float64)
       ws = Workspace(lambda: _model(name, np.float64))
     start = [v.numpy() for v in ws.weights]
@@ -233,8 +206,8 @@ class Float64Test(absltest.TestCase):
         if 'running_var' in key:
           continue
         ref = fx[f'{tag}/step{steps}/{key}']
-        v = fingerprint(key, v) if ref.shape != v.shape else v
-        self.assertLess(_rel(v, ref), 1e-7, f'{name} {tag} step {steps}: {key}')
+        v = testutil.fingerprint(key, v) if ref.shape != v.shape else v
+        self.assertLess(testutil.relative_difference(v, ref), 1e-7, f'{name} {tag} step {steps}: {key}')
 
   def test_resnet20_without_feddecorr_1_10_100_steps(self):
     self._trajectory('resnet20', 0.0, (1, 10, 100))
@@ -255,10 +228,10 @@ class Float64Test(absltest.TestCase):
     fx = _Fixture.load('resnet20')
     b = _batches()
     offsets = np.cumsum((0,) + CLIENT_SIZES)
-    data = [(normalise(b['images'][offsets[i]:offsets[i] + n], np.float64),
+    data = [(testutil.normalise(b['images'][offsets[i]:offsets[i] + n], np.float64),
              b['labels'][offsets[i]:offsets[i] + n].astype(np.int32))
             for i, n in enumerate(CLIENT_SIZES)]
-    with Float64Scope():
+    with testutil.Float64Scope():
       state = _init_state('resnet20', np.float64)
       algorithm = algorithms.build('fedavg', lambda: _model('resnet20', np.float64), CONFIG,
                                    regularizers.get('feddecorr', beta=0.1))
@@ -276,11 +249,11 @@ class Float64Test(absltest.TestCase):
     for key, v in torch_import.to_torch_layout(m, state).items():
       if 'running_var' in key:  # Biased in float64 Keras, see _trajectory.
         continue
-      self.assertLess(_rel(fingerprint(key, v), fx[f'f64/fedavg/global/{key}']), 1e-7, key)
+      self.assertLess(testutil.relative_difference(testutil.fingerprint(key, v), fx[f'f64/fedavg/global/{key}']), 1e-7, key)
     # Eval mode reads the averaged running variance, whose float64 Keras update is biased (a
     # relative 1/(n-1) per update), hence only 1e-2 here.
-    logits = m(normalise(b['test_images'], np.float64), training=False)['logits'].numpy()
-    self.assertLess(_rel(logits, fx['f64/fedavg/test_logits']), 1e-2)
+    logits = m(testutil.normalise(b['test_images'], np.float64), training=False)['logits'].numpy()
+    self.assertLess(testutil.relative_difference(logits, fx['f64/fedavg/test_logits']), 1e-2)
 
 
 if __name__ == '__main__':

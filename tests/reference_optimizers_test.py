@@ -41,6 +41,7 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
+from tests import testutil
 from tff_decorr import algorithms
 from tff_decorr import models
 from tff_decorr.algorithms import base
@@ -51,8 +52,6 @@ from tff_decorr.runtimes import tf_runtime
 
 DATA = os.path.join(os.path.dirname(os.path.realpath(__file__)), 'testdata', 'reference')
 ALG_DATA = os.path.join(DATA, 'algorithms')
-MEAN = np.array([125.3, 123.0, 113.9], np.float32) / 255.0
-STD = np.array([63.0, 62.1, 66.7], np.float32) / 255.0
 CONFIG = client_update.ClientConfig(lr=0.01, momentum=0.9, weight_decay=1e-5)
 BATCH = 32
 CLIENT_SIZES = (97, 64, 30)
@@ -73,30 +72,11 @@ SERVER_OPTIMISERS = {
 }
 
 
-def fingerprint(name: str, array: np.ndarray) -> np.ndarray:
-  """As bench/reference_fixtures.py: (sum, sum of squares, dot with a name-seeded vector)."""
-  a = np.asarray(array, np.float64).ravel()
-  seed = int.from_bytes(name.encode()[:8].ljust(8, b'\0'), 'little') ^ a.size
-  r = np.random.default_rng(seed).standard_normal(a.size)
-  return np.array([a.sum(), (a * a).sum(), (a * r).sum()])
 
 
-def normalise(images_uint8: np.ndarray, dtype) -> np.ndarray:
-  return ((images_uint8.astype(np.float32) / 255.0 - MEAN) / STD).astype(dtype)
 
 
-def _rel(a, b, floor=1e-6):
-  return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), floor))
 
-
-class Float64Scope:
-
-  def __enter__(self):
-    self._old = tf.keras.backend.floatx()
-    tf.keras.backend.set_floatx('float64')
-
-  def __exit__(self, *exc):
-    tf.keras.backend.set_floatx(self._old)
 
 
 _CACHE = {}
@@ -130,7 +110,7 @@ def _stats(fx, entry):
 
 
 def _resnet20_f64(state):
-  with Float64Scope():
+  with testutil.Float64Scope():
     m = models.build('resnet20', num_classes=10, input_shape=(32, 32, 3))
   torch_import.assign_torch_state(m, state)
   return m
@@ -164,9 +144,9 @@ class _Run(_Model):
   def __init__(self, name, fx, epochs=1, **hparams):
     super().__init__()
     b = _load('batches', DATA)
-    data = [(normalise(b['images'][fx[f'client{i}/indices']], np.float64),
+    data = [(testutil.normalise(b['images'][fx[f'client{i}/indices']], np.float64),
              b['labels'][fx[f'client{i}/indices']].astype(np.int32)) for i in range(3)]
-    with Float64Scope():
+    with testutil.Float64Scope():
       self.alg = algorithms.build(name, lambda: _resnet20_f64(self.state), CONFIG, None,
                                   local_epochs=epochs, **hparams)
       self.runtime = tf_runtime.TfRuntime(
@@ -174,7 +154,7 @@ class _Run(_Model):
       self.server = self.runtime.initialize()
 
   def round(self):
-    with Float64Scope():
+    with testutil.Float64Scope():
       self.server, _, metrics = self.runtime.run_round(
           self.server, [(str(i), 0) for i in range(3)], [base.NO_CLIENT_STATE] * 3)
     return metrics
@@ -191,11 +171,11 @@ class _Base(parameterized.TestCase):
       kind = key.split('.')[-1] if 'running' in key else 'weights'
       if kind == 'running_var':
         if f'{entry}/stats' in fx:
-          d = _rel(got[key], _stats(fx, f'{entry}/stats')[key])
+          d = testutil.relative_difference(got[key], _stats(fx, f'{entry}/stats')[key])
           self.assertLess(d, VAR_TOL, f'{entry}: {key}')
           worst[kind] = max(worst[kind], d)
         continue
-      d = _rel(fingerprint(key, got[key]), ref)
+      d = testutil.relative_difference(testutil.fingerprint(key, got[key]), ref)
       self.assertLess(d, tol, f'{entry}: {key}')
       worst[kind] = max(worst[kind], d)
     return worst
@@ -209,7 +189,7 @@ class ServerOptimiserTest(_Base):
     fixture, hp, (first, second) = SERVER_OPTIMISERS[name]
     fx = _load(fixture)
     m = _Model()
-    with Float64Scope():
+    with testutil.Float64Scope():
       alg = algorithms.build(name, lambda: _resnet20_f64(m.state), CONFIG, None, **hp)
     state = alg.initial_server_state(m.from_torch(_stats(fx, 'global0/stats')))
     largest = 0.0
@@ -219,23 +199,23 @@ class ServerOptimiserTest(_Base):
       clients = [_stats(fx, f'round{r}/client{i}/stats') for i in range(3)]
       avg = {k: sum(p * c[k] for p, c in zip(P, clients)) for k in clients[0]}
       x = m.to_torch(state['weights'])
-      self.assertLess(max(_rel(x[k], _stats(fx, f'global{r - 1}/stats')[k]) for k in avg), 1e-12)
-      with Float64Scope():
+      self.assertLess(max(testutil.relative_difference(x[k], _stats(fx, f'global{r - 1}/stats')[k]) for k in avg), 1e-12)
+      with testutil.Float64Scope():
         state = tf.nest.map_structure(np.asarray, alg.server_step(
             state, m.from_torch(avg), tf.constant(1.0)))
       got, want = m.to_torch(state['weights']), _stats(fx, f'global{r}/stats')
       for k in want:
         # The reference's variances stay >= 0 here, so the project's clamp does not act.
         self.assertGreaterEqual(want[k].min(), 0.0 if k.endswith('running_var') else -np.inf)
-        self.assertLess(_rel(got[k], want[k]), 1e-12, f'round {r}: {k}')
-        largest = max(largest, _rel(got[k], want[k]))
+        self.assertLess(testutil.relative_difference(got[k], want[k]), 1e-12, f'round {r}: {k}')
+        largest = max(largest, testutil.relative_difference(got[k], want[k]))
       for ours, theirs in ((first, 'moment_first'), (second, 'moment_second')):
         if ours is None:
           continue
         moments = m.to_torch(state[ours])
         for key, fp in zip(_keys(fx), fx[f'round{r}/{theirs}']):
           if key in want:
-            self.assertLess(_rel(fingerprint(key, moments[key]), fp), 1e-10, f'{theirs} {key}')
+            self.assertLess(testutil.relative_difference(testutil.fingerprint(key, moments[key]), fp), 1e-10, f'{theirs} {key}')
     logging.info('%s: statistics, largest relative difference over 3 rounds: %.1e', name, largest)
 
   @parameterized.named_parameters(*[(n, n) for n in SERVER_OPTIMISERS])
@@ -245,7 +225,7 @@ class ServerOptimiserTest(_Base):
     if 'fedavg' not in _CACHE:  # One FedAvg runtime trains the clients of all four.
       _CACHE['fedavg'] = _Run('fedavg', fx)
     clients = _CACHE['fedavg']
-    with Float64Scope():
+    with testutil.Float64Scope():
       alg = algorithms.build(name, lambda: _resnet20_f64(clients.state), CONFIG, None, **hp)
     state = alg.initial_server_state(clients.from_torch({}))
     worst = []
@@ -260,7 +240,7 @@ class ServerOptimiserTest(_Base):
         _CACHE[start] = clients.server['weights']
       averaged = _CACHE[start]
       self.assert_state(clients.to_torch(averaged), fx, f'round{r}/averaged')
-      with Float64Scope():
+      with testutil.Float64Scope():
         state = tf.nest.map_structure(np.asarray, alg.server_step(
             state, averaged, tf.constant(1.0)))
       worst.append(self.assert_state(clients.to_torch(state['weights']), fx, f'global{r}'))
@@ -296,7 +276,7 @@ class FedExpTest(_Base):
   def test_three_rounds(self):
     fx, full = _load('fedexp_nocounters'), _load('fedexp')
     run = _Run('fedexp', fx, epochs=2, eps=1e-3, bn='reference')
-    with Float64Scope():
+    with testutil.Float64Scope():
       weights_only = algorithms.build('fedexp', lambda: _resnet20_f64(run.state), CONFIG, None,
                                       eps=1e-3, bn='average')
     captured = []
@@ -358,7 +338,7 @@ class FedExpTest(_Base):
       total = sum(float(n) for _, _, n in captured)
       sq_weights = sum(float(n) * sum(np.sum(d[k]**2) for k in sqr_keys if _trainable_key(k))
                        for d, (_, _, n) in zip(deltas, captured))
-      with Float64Scope():
+      with testutil.Float64Scope():
         out = tf.nest.map_structure(np.asarray, weights_only.server_step(
             {'weights': x, 'eta_g': np.float32(1.0)},
             {'delta': summed, 'sq_norm': tf.constant(sq_weights, tf.float32),
@@ -400,7 +380,7 @@ class ClientVariantTest(_Base):
     # each other, and FedSAM's from FedAvg's round on its clients (fedoptim_gd's round 1 average),
     # far beyond TOL.
     other = {'fedlogitcal': 'fedrs', 'fedrs': 'fedlogitcal', 'fedsam': 'fedoptim_gd'}[fixture]
-    moved = max(_rel(a, b) for key, a, b in zip(_keys(fx), fx['round1/averaged'],
+    moved = max(testutil.relative_difference(a, b) for key, a, b in zip(_keys(fx), fx['round1/averaged'],
                                                 _load(other)['round1/averaged'])
                 if _trainable_key(key))
     self.assertGreater(moved, 1e3 * TOL)

@@ -155,3 +155,41 @@ def hparam_value(value) -> object:
   kind = value.WhichOneof('kind')
   return {'bool_value': value.bool_value, 'number_value': value.number_value,
           'string_value': value.string_value}.get(kind)
+
+
+# ---- The PyTorch reference's fixtures (tests/testdata/reference, made by bench/) ----
+def fingerprint(name: str, array):
+  """As bench/reference_fixtures.py: (sum, sum of squares, dot with a name-seeded vector)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  a = np.asarray(array, np.float64).ravel()
+  seed = int.from_bytes(name.encode()[:8].ljust(8, b'\0'), 'little') ^ a.size
+  r = np.random.default_rng(seed).standard_normal(a.size)
+  return np.array([a.sum(), (a * a).sum(), (a * r).sum()])
+
+
+def normalise(images_uint8, dtype):
+  """ToTensor + Normalize as the reference computes them (float32: its CIFAR-10 mean and std,
+  dataset_utils.get_dataloader, written out here), then cast."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  mean = np.array([125.3, 123.0, 113.9], np.float32) / 255.0
+  std = np.array([63.0, 62.1, 66.7], np.float32) / 255.0
+  return ((images_uint8.astype(np.float32) / 255.0 - mean) / std).astype(dtype)
+
+
+def relative_difference(a, b, floor: float = 1e-6) -> float:
+  """Largest difference relative to the largest reference value (or `floor` if that is ~0)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), floor))
+
+
+class Float64Scope:
+  """Builds Keras models in float64 inside the block."""
+
+  def __enter__(self):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    self._old = tf.keras.backend.floatx()
+    tf.keras.backend.set_floatx('float64')
+
+  def __exit__(self, *exc):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.keras.backend.set_floatx(self._old)
