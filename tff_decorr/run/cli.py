@@ -222,7 +222,8 @@ def define_train_flags(fv) -> list:
                        'only).', **d)
   flags.DEFINE_string('workers', '', 'Comma-separated host:port of TFF workers (bin/worker).', **d)
   flags.DEFINE_integer('max_concurrent_computation_calls', -1,
-                       'TFF runtime: concurrent client computations (-1: unlimited).', **d)
+                       'Clients trained at once: by TFF\'s worker (-1: as many as it likes) '
+                       'and by --runtime=tf (-1: one per CPU core on a CPU, 1 on a GPU).', **d)
   flags.DEFINE_bool('track_collapse', False, 'Log effective rank and significant singular values '
                     'of the global model every --eval_every rounds.', **d)
   flags.DEFINE_list('save_local_models', [], 'Client ids whose local models to export at the '

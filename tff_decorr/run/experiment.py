@@ -103,7 +103,10 @@ class Experiment:
     c = self.config
     if config_lib.choose_runtime(c.runtime, c.workers, c.aggregator)[0] == 'tf':
       from tff_decorr.runtimes import tf_runtime  # pylint: disable=g-import-not-at-top
-      return tf_runtime.TfRuntime(self.algorithm, self.client_dataset_fn)
+      # -1: one client per CPU core on a CPU, one at a time on a GPU (tf_runtime's docstring).
+      concurrency = c.max_concurrent_computation_calls
+      return tf_runtime.TfRuntime(self.algorithm, self.client_dataset_fn,
+                                  concurrency=None if concurrency < 1 else concurrency)
     from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
     from tff_decorr.runtimes import tff_runtime  # pylint: disable=g-import-not-at-top
     workers = [w for w in c.workers.split(',') if w] if c.workers else []

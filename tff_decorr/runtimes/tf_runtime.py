@@ -1,14 +1,28 @@
-"""In-process runtime: a `rounds.Round` called client after client in this Python process.
+"""In-process runtime: a `rounds.Round`'s client work called for each sampled client in this
+Python process, `concurrency` clients at a time.
 
-No algorithm math lives here: this module builds one client workspace, calls the Round's client
-work for each sampled client, sums the uploads with TF ops, and calls the Round's server update.
-It runs the plain sum only (bin/train's --aggregator=mean): a tff.aggregators factory is a
-federated computation. It uses a GPU when TensorFlow sees one (TFF 0.87's worker is CPU-only).
+No algorithm math lives here: this module builds client workspaces, calls the Round's client work
+for each sampled client, sums the uploads with TF ops in the clients' order, and calls the Round's
+server update. It runs the plain sum only (bin/train's --aggregator=mean): a tff.aggregators
+factory is a federated computation. It uses a GPU when TensorFlow sees one (TFF 0.87's worker is
+CPU-only).
+
+Concurrency. One small client step does not fill a CPU's cores (TensorFlow's kernels for a ResNet20
+batch of 64 keep about 1.4 of 2 cores busy), so on a CPU `concurrency` clients train at once, each
+in its own workspace (Keras model and momentum buffers) and Python thread: a tf.function call runs
+its ops without holding the GIL, and the threads share TensorFlow's intra-op pool. The uploads are
+added in the clients' order whatever order they finish in, and a client's computation does not
+depend on which thread runs it, so a round's result is bit-identical to running the clients one
+after another (tests/runtimes_test.py checks this). On a GPU one client at a time (the default
+there): kernels of concurrent clients would only queue on the same device.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, Tuple
+import concurrent.futures
+import os
+import threading
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -27,34 +41,90 @@ def _to_tensors(structure):
   return tf.nest.map_structure(tf.convert_to_tensor, structure)
 
 
+def default_concurrency() -> int:
+  """Clients trained at once by default: 1 on a GPU, else one per CPU core this process may use."""
+  if tf.config.list_physical_devices('GPU'):
+    return 1
+  return max(1, len(os.sched_getaffinity(0)))
+
+
 def sum_structures(structures: Sequence[Any]):
   """Element-wise sum of identical structures (the runtime's aggregation: a plain SUM)."""
   return tf.nest.map_structure(lambda *xs: tf.add_n(list(xs)), *structures)
 
 
 class TfRuntime:
-  """Runs rounds of `algorithm` in this Python process."""
+  """Runs rounds of `algorithm` in this Python process, `concurrency` clients at a time (module
+  docstring; None: `default_concurrency()`, one per CPU core on a CPU, 1 on a GPU)."""
 
-  def __init__(self, algorithm: base.Algorithm, client_dataset_fn: ClientDatasetFn):
+  def __init__(self, algorithm: base.Algorithm, client_dataset_fn: ClientDatasetFn,
+               concurrency: Optional[int] = 1):
     if not isinstance(algorithm, base.Algorithm):
       raise ValueError(f'algorithm must be a tff_decorr Algorithm, got {type(algorithm).__name__}.')
     if not callable(client_dataset_fn):
       raise ValueError('client_dataset_fn must be a callable (client_id, seed) -> tf.data.Dataset.')
+    if concurrency is None or concurrency < 1:
+      concurrency = default_concurrency()
     self.algorithm = algorithm
     self.client_dataset_fn = client_dataset_fn
+    self.concurrency = int(concurrency)
     self.round = rounds.Round(algorithm)
-    self.workspace = self.round.new_workspace()
-    work = self.round.client_work(self.workspace)
+    self._steps = []  # One tf.function per workspace, built as concurrency needs them.
+    self._add_step()
+    self._server_update = tf.function(self.round.server_update)
+    self._broadcast = tf.function(algorithm.broadcast)
+    self._pool = None
+    self._free = None  # Indices of the steps no thread is running.
+
+  def _add_step(self):
+    workspace = self.round.new_workspace()
+    work = self.round.client_work(workspace)
+    dataset_fn = self.client_dataset_fn
 
     # The dataset is built inside a tf.function, as inside the TFF computation: its pipeline is
     # traced once instead of once per client (building tf.data map functions eagerly costs ~0.1 s
     # a client), so per-client overhead does not depend on how many clients a round has.
     @tf.function
     def step_from_id(broadcast, client_id, seed, state):
-      return work(broadcast, client_dataset_fn(client_id, seed), state)
-    self._step_from_id = step_from_id
-    self._server_update = tf.function(self.round.server_update)
-    self._broadcast = tf.function(algorithm.broadcast)
+      return work(broadcast, dataset_fn(client_id, seed), state)
+    self._steps.append(step_from_id)
+    return workspace
+
+  def _start_threads(self, broadcast, client_id, seed, state):
+    """Builds the other workspaces and traces their steps here, in the calling thread: Keras model
+    construction and tracing are not meant to run in several threads at once."""
+    specs = [tf.nest.map_structure(tf.TensorSpec.from_tensor, x)
+             for x in (broadcast, client_id, seed, state)]
+    while len(self._steps) < self.concurrency:
+      self._add_step()
+    for step in self._steps:
+      step.get_concrete_function(*specs)
+    self._free = list(range(len(self._steps)))
+    self._lock = threading.Lock()
+    self._pool = concurrent.futures.ThreadPoolExecutor(
+        max_workers=self.concurrency, thread_name_prefix='tff_decorr_client')
+
+  def _call(self, i, args):
+    """(upload parts, the client's new state as NumPy) of one client on workspace i."""
+    out = self._steps[i](*args)
+    return ({k: out[k] for k in ('update', 'exact', 'weight', 'metrics')},
+            _to_numpy(out['client_state']))
+
+  def _run_client(self, args):
+    """In a client thread: one client on a workspace no other thread is using."""
+    with self._lock:
+      i = self._free.pop()
+    try:
+      return self._call(i, args)
+    finally:
+      with self._lock:
+        self._free.append(i)
+
+  def close(self):
+    """Stops the client threads (idempotent; the runtime starts them again if used)."""
+    if self._pool is not None:
+      self._pool.shutdown(wait=True)
+      self._pool = None
 
   def initialize(self, initial_weights=None):
     weights = self.algorithm.initial_weights() if initial_weights is None else initial_weights
@@ -69,15 +139,22 @@ class TfRuntime:
     if not client_inputs:
       raise ValueError('client_inputs is empty: sample at least one client per round.')
     broadcast = self._broadcast(_to_tensors(server_state))
-    # Running sums: memory stays one model's worth however many clients a round samples.
+    args = [(broadcast, tf.constant(client_id, tf.string), tf.constant(seed, tf.int64),
+             _to_tensors(state))
+            for (client_id, seed), state in zip(client_inputs, client_states)]
+    if self.concurrency > 1 and len(args) > 1:
+      if self._pool is None:
+        self._start_threads(*args[0])
+      results = self._pool.map(self._run_client, args)  # Yields in the clients' order.
+    else:
+      results = (self._call(0, a) for a in args)
+    # Running sums in the clients' order: bit-identical to one client at a time, and memory stays
+    # one model's worth plus the uploads of clients that finished ahead of an earlier one.
     summed = None
     new_states = []
-    for (client_id, seed), state in zip(client_inputs, client_states):
-      out = self._step_from_id(broadcast, tf.constant(client_id, tf.string),
-                               tf.constant(seed, tf.int64), _to_tensors(state))
-      parts = {k: out[k] for k in ('update', 'exact', 'weight', 'metrics')}
+    for parts, state in results:
       summed = parts if summed is None else sum_structures([summed, parts])
-      new_states.append(_to_numpy(out['client_state']))
+      new_states.append(state)
     new_server_state = self._server_update(_to_tensors(server_state), summed['update'],
                                            summed['exact'], summed['weight'])
     return _to_numpy(new_server_state), new_states, _to_numpy(summed['metrics'])
