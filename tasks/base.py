@@ -41,9 +41,15 @@ class Task:
     raise NotImplementedError
 
   def preprocess(self, image: tf.Tensor) -> tf.Tensor:
-    """uint8 image -> normalised float32 (the model's input, also at test time)."""
-    x = tf.cast(image, tf.float32) / 255.0
-    return (x - tf.constant(self.mean, tf.float32)) / tf.constant(self.std, tf.float32)
+    """uint8 image -> normalised float32 (the model's input, also at test time): (x / 255 - mean)
+    / std as one multiply-add with float32 constants computed in float64. A division by a constant
+    may be rewritten by graph optimisation in one context and not in another; a multiply-add gives
+    the same bits everywhere (tasks.client_data builds small clients' data in a graph, large ones'
+    in tf.data functions)."""
+    mean, std = np.asarray(self.mean, np.float64), np.asarray(self.std, np.float64)
+    scale = tf.constant(1.0 / (255.0 * std), tf.float32)
+    offset = tf.constant(-mean / std, tf.float32)
+    return tf.cast(image, tf.float32) * scale + offset
 
   def client_dataset_fn(self, shard_dir: str, batch_size: int, epochs: int = 1,
                         drop_remainder: bool = False, train: bool = True):

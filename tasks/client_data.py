@@ -149,10 +149,16 @@ def _bad_cache(directory: str, digest: str, num_clients: int) -> list:
   return _damaged_shards(directory, manifest, range(num_clients))
 
 
+# A client whose whole local training (examples x epochs, as float32 model inputs) fits in this
+# many bytes gets its batches computed up front, without tf.data map functions (below).
+MATERIALIZE_BYTES = 64 << 20
+
+
 def make_client_dataset_fn(shard_dir: str, image_shape: Sequence[int], batch_size: int,
                            preprocess: Callable[[tf.Tensor], tf.Tensor],
                            augment: Optional[Callable[[tf.Tensor, tf.Tensor], tf.Tensor]] = None,
-                           epochs: int = 1, drop_remainder: bool = False):
+                           epochs: int = 1, drop_remainder: bool = False,
+                           materialize_bytes: int = MATERIALIZE_BYTES):
   """Returns `fn(client_id: tf.string, seed: tf.int64) -> tf.data.Dataset` of batched
   (float32 images, int32 labels), built from TF ops only (it is traced into TFF computations).
 
@@ -160,6 +166,18 @@ def make_client_dataset_fn(shard_dir: str, image_shape: Sequence[int], batch_siz
   order and batched separately (the last batch of an epoch may be smaller, like a PyTorch
   DataLoader without drop_last), so iterating it once is the client's whole local training.
   `augment(image_uint8, seed[2]) -> image_uint8` is applied with a per-example stateless seed.
+
+  Two ways to the same bits, chosen per client by its size (tf.cond):
+  - small (epochs x examples x input bytes <= `materialize_bytes`): every epoch's augmented,
+    preprocessed examples are computed when the dataset is made (tf.map_fn over the examples) and
+    sliced into batches. No tf.data function: a new iterator over a dataset with `map` or
+    `flat_map` instantiates and optimises their functions again, about 80 ms of CPU per client
+    (measured for a 10-image client), which is what many small clients pay every round;
+  - large: a stream (one epoch after another, examples mapped in parallel), so memory stays a few
+    batches whatever the client's size, and augmentation overlaps training.
+  `preprocess` must give the same bits in a tf.data function and in a graph (tasks.base.Task's
+  does: one multiply-add, which graph optimisation leaves alone); client_data_test checks both
+  ways agree bit for bit.
   """
   if batch_size < 1:
     raise ValueError(f'--batch_size must be >= 1, got {batch_size}.')
@@ -167,31 +185,57 @@ def make_client_dataset_fn(shard_dir: str, image_shape: Sequence[int], batch_siz
     raise ValueError(f'--local_epochs must be >= 1, got {epochs}.')
   image_shape = [int(d) for d in image_shape]
   shard_dir = os.path.abspath(shard_dir)
+  example_bytes = 4 * int(np.prod(image_shape))
 
   def parse(record):
     ex = tf.io.parse_single_example(record, _FEATURES)
     image = tf.reshape(tf.io.decode_raw(ex['image'], tf.uint8), image_shape)
     return image, tf.cast(ex['label'], tf.int32)
 
+  def order(n, seed, epoch):
+    return tf.argsort(tf.random.stateless_uniform([n], seed=tf.stack([seed, epoch])))
+
+  def example_seed(seed, epoch, position):
+    return tf.stack([seed, (epoch + 1) * (1 << 32) + position])
+
+  def prep(image, label, seed, epoch, position):
+    if augment is not None:
+      image = augment(image, example_seed(seed, epoch, position))
+    return preprocess(image), label
+
+  def streamed(images, labels, n, seed):
+    def one_epoch(epoch):
+      o = order(n, seed, epoch)
+      ds = tf.data.Dataset.from_tensor_slices(
+          (tf.gather(images, o), tf.gather(labels, o), tf.range(tf.cast(n, tf.int64))))
+      # Parallel but order-preserving: every op is stateless, so the result is the same as serial.
+      return ds.map(lambda image, label, position: prep(image, label, seed, epoch, position),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).batch(
+                        batch_size, drop_remainder=drop_remainder)
+    return tf.data.Dataset.range(epochs).flat_map(one_epoch)
+
+  def materialized(images, labels, n, seed):
+    ds = None
+    for e in range(epochs):
+      epoch = tf.constant(e, tf.int64)
+      o = order(n, seed, epoch)
+      positions = tf.range(tf.cast(n, tf.int64))
+      x = tf.map_fn(lambda a: prep(a[0], a[1], seed, epoch, a[2])[0],
+                    (tf.gather(images, o), tf.gather(labels, o), positions),
+                    fn_output_signature=tf.float32)
+      x = tf.ensure_shape(x, [None, *image_shape])
+      epoch_ds = tf.data.Dataset.from_tensor_slices((x, tf.gather(labels, o))).batch(
+          batch_size, drop_remainder=drop_remainder)
+      ds = epoch_ds if ds is None else ds.concatenate(epoch_ds)
+    return ds
+
   def fn(client_id, seed):
     path = tf.strings.join([shard_dir, '/', client_id, '.tfrecord'])
     images, labels = tf.data.TFRecordDataset(path).map(parse).batch(1 << 30).get_single_element()
     n = tf.shape(labels)[0]
     seed = tf.cast(seed, tf.int64)
-
-    def one_epoch(epoch):
-      order = tf.argsort(tf.random.stateless_uniform([n], seed=tf.stack([seed, epoch])))
-      ds = tf.data.Dataset.from_tensor_slices(
-          (tf.gather(images, order), tf.gather(labels, order), tf.range(tf.cast(n, tf.int64))))
-
-      def prep(image, label, position):
-        if augment is not None:
-          image = augment(image, tf.stack([seed, (epoch + 1) * (1 << 32) + position]))
-        return preprocess(image), label
-      # Parallel but order-preserving: every op is stateless, so the result is the same as serial.
-      return ds.map(prep, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).batch(
-          batch_size, drop_remainder=drop_remainder)
-
-    return tf.data.Dataset.range(epochs).flat_map(one_epoch)
+    small = tf.cast(n, tf.int64) * (epochs * example_bytes) <= materialize_bytes
+    return tf.cond(small, lambda: materialized(images, labels, n, seed),
+                   lambda: streamed(images, labels, n, seed))
 
   return fn

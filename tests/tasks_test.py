@@ -16,6 +16,7 @@ import tensorflow_datasets as tfds
 
 from bin import train
 from tasks import base
+from tasks import augment
 from tasks import client_data
 from tasks import registry
 from tests import testutil
@@ -200,6 +201,33 @@ class ClientDataTest(absltest.TestCase):
     def count(cid, seed):
       return fn(cid, seed).reduce(tf.constant(0), lambda s, b: s + tf.shape(b[1])[0])
     self.assertEqual(int(count(tf.constant('2'), tf.constant(9, tf.int64))), len(self.parts[2]))
+
+  def test_small_clients_computed_up_front_equal_the_stream_bit_for_bit(self):
+    """Small clients' batches are computed in the graph, large ones' streamed through tf.data
+    functions (client_data.make_client_dataset_fn): both must give the same batches, bit for bit,
+    with augmentation, several epochs and either remainder rule, eagerly and in a tf.function."""
+    for epochs, batch, drop in ((1, 16, False), (2, 7, False), (3, 16, True)):
+      fns = [client_data.make_client_dataset_fn(
+          self.dir, self.task.input_shape, batch, self.task.preprocess, augment.random_crop_flip,
+          epochs=epochs, drop_remainder=drop, materialize_bytes=limit) for limit in (1 << 40, 0)]
+      graph_fns = [tf.function(lambda c, s, f=f: f(c, s).reduce(
+          tf.zeros([0, *self.task.input_shape]), lambda acc, b: tf.concat([acc, b[0]], 0)))
+                   for f in fns]
+      for cid in ('0', '3'):
+        args = (tf.constant(cid), tf.constant(11, tf.int64))
+        small, large = ([(x.numpy(), y.numpy()) for x, y in f(*args)] for f in fns)
+        self.assertEqual([x.shape for x, _ in small], [x.shape for x, _ in large])
+        self.assertNotEmpty(small)
+        for (xa, ya), (xb, yb) in zip(small, large):
+          np.testing.assert_array_equal(xa, xb)
+          np.testing.assert_array_equal(ya, yb)
+        np.testing.assert_array_equal(graph_fns[0](*args), graph_fns[1](*args))
+        np.testing.assert_array_equal(graph_fns[0](*args), np.concatenate([x for x, _ in small]))
+
+  def test_preprocess_is_the_normalisation(self):
+    x = self.images[:50]
+    want = (x.astype(np.float64) / 255.0 - np.asarray(self.task.mean)) / np.asarray(self.task.std)
+    np.testing.assert_allclose(self.task.preprocess(x).numpy(), want, rtol=0, atol=2e-6)
 
   def test_rewrite_is_skipped_when_unchanged(self):
     marker = os.path.join(self.dir, client_data.MANIFEST)
