@@ -24,10 +24,12 @@ from tff_decorr.run import deprecated_flags
 _MOVED = {
     'federated': ['learning', 'tff_context', 'aggregation'],
     'run': ['config', 'training', 'experiment', 'program', 'client_state', 'run_dir', 'export',
-            'personalized', 'cli', 'tf_env', 'study', 'report', 'deprecated_flags'],
+            'personalized', 'cli', 'study', 'report', 'deprecated_flags'],
     'collapse': ['analysis', 'plots', 'collapse_tracking'],
 }
 _OLD_TO_NEW = {f'tff_decorr.{m}': f'tff_decorr.{p}.{m}' for p, ms in _MOVED.items() for m in ms}
+# Moved after 1c5fa3b: tf_env from run/ to the package root (run/tf_env.py -> tf_env.py).
+_OLD_TO_NEW['tff_decorr.run.tf_env'] = 'tff_decorr.tf_env'
 
 
 def _public_names():
@@ -55,7 +57,9 @@ def _resolve(dotted):
 def _forget(old):
   """As if `old` had never been imported (its new module stays imported)."""
   sys.modules.pop(old, None)
-  tff_decorr.__dict__.pop(old.rsplit('.', 1)[1], None)
+  parent, short = old.rsplit('.', 1)
+  if parent in sys.modules:
+    sys.modules[parent].__dict__.pop(short, None)
 
 
 class PublicApiTest(absltest.TestCase):
@@ -110,15 +114,15 @@ class OldPathsTest(absltest.TestCase):
 
   def test_from_package_import(self):
     for old, new in _OLD_TO_NEW.items():
-      short = old.rsplit('.', 1)[1]
+      parent, short = old.rsplit('.', 1)
       with self.subTest(old=old):
         _forget(old)
         with warnings.catch_warnings(record=True) as caught:
           warnings.simplefilter('always')
           namespace = {}
-          exec(compile(f'from tff_decorr import {short}', __file__, 'exec'), namespace)  # pylint: disable=exec-used
+          exec(compile(f'from {parent} import {short}', __file__, 'exec'), namespace)  # pylint: disable=exec-used
         self.assertIs(namespace[short], importlib.import_module(new))
-        self.assertIs(getattr(tff_decorr, short), namespace[short])
+        self.assertIs(getattr(importlib.import_module(parent), short), namespace[short])
         self._check_warning(caught, old, new)
 
   def test_unknown_names_still_fail(self):
