@@ -25,11 +25,15 @@ _MOVED = {
     'federated': ['learning', 'tff_context', 'aggregation'],
     'run': ['config', 'training', 'experiment', 'program', 'client_state', 'run_dir', 'export',
             'personalized', 'cli', 'study', 'report', 'deprecated_flags'],
-    'collapse': ['analysis', 'plots', 'collapse_tracking'],
+    'collapse': ['analysis', 'plots'],
 }
 _OLD_TO_NEW = {f'tff_decorr.{m}': f'tff_decorr.{p}.{m}' for p, ms in _MOVED.items() for m in ms}
 # Moved after 1c5fa3b: tf_env from run/ to the package root (run/tf_env.py -> tf_env.py).
 _OLD_TO_NEW['tff_decorr.run.tf_env'] = 'tff_decorr.tf_env'
+# Moved after 1c5fa3b: collapse_tracking from collapse/ to run/ (the run program's round-end hook,
+# importing run/export); its flat path follows it.
+_OLD_TO_NEW['tff_decorr.collapse_tracking'] = 'tff_decorr.run.collapse_tracking'
+_OLD_TO_NEW['tff_decorr.collapse.collapse_tracking'] = 'tff_decorr.run.collapse_tracking'
 
 
 def _public_names():

@@ -28,11 +28,14 @@ MOVED = {
     **{f'tff_decorr.{m}': f'tff_decorr.run.{m}'
        for m in ('config', 'deprecated_flags', 'training', 'experiment', 'program',
                  'client_state', 'run_dir', 'export', 'personalized', 'cli', 'study', 'report')},
-    **{f'tff_decorr.{m}': f'tff_decorr.collapse.{m}'
-       for m in ('analysis', 'plots', 'collapse_tracking')},
+    **{f'tff_decorr.{m}': f'tff_decorr.collapse.{m}' for m in ('analysis', 'plots')},
     # Moved down a layer later (issue 31's house item): the federated layer imports it, and a
     # lower layer must not import from run/. Its flat path of before 1c5fa3b is its path again.
     'tff_decorr.run.tf_env': 'tff_decorr.tf_env',
+    # Moved up a layer later (the same item): the run program's round-end hook, which imports
+    # run/export; collapse/ keeps the measurements (analysis, plots) and imports nothing above.
+    'tff_decorr.collapse_tracking': 'tff_decorr.run.collapse_tracking',
+    'tff_decorr.collapse.collapse_tracking': 'tff_decorr.run.collapse_tracking',
 }
 
 

@@ -1,6 +1,7 @@
 """The run program: a configuration (config, its deprecated flag spellings), its composition
 (experiment), the round loop with checkpoints, metrics, evaluation and export (program,
-training, export, personalized, client_state, run_dir), what the binaries share (cli; their
+training, export, personalized, client_state, run_dir), spectra tracked during training
+(collapse_tracking, over tff_decorr.collapse.analysis), what the binaries share (cli; their
 TensorFlow environment is tff_decorr.tf_env, a layer down), and grids of runs (study, report when
 present).
 
