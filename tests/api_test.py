@@ -22,7 +22,7 @@ from tff_decorr.run import deprecated_flags
 # Written out here, from `git show --stat 1c5fa3b` (tff_decorr/{ => <package>}/<module>.py), not
 # read from tff_decorr.MOVED: the test checks that table, not itself.
 _MOVED = {
-    'federated': ['learning', 'tff_context', 'aggregation'],
+    'federated': ['tff_context', 'aggregation'],
     'run': ['config', 'training', 'experiment', 'program', 'client_state', 'run_dir', 'export',
             'personalized', 'cli', 'study', 'report', 'deprecated_flags'],
     'collapse': ['analysis', 'plots'],
@@ -34,6 +34,10 @@ _OLD_TO_NEW['tff_decorr.run.tf_env'] = 'tff_decorr.tf_env'
 # importing run/export); its flat path follows it.
 _OLD_TO_NEW['tff_decorr.collapse_tracking'] = 'tff_decorr.run.collapse_tracking'
 _OLD_TO_NEW['tff_decorr.collapse.collapse_tracking'] = 'tff_decorr.run.collapse_tracking'
+# Moved after 1c5fa3b: learning from federated/ to runtimes/ (the tff.learning face over
+# runtimes/rounds, which imports federated/); its flat path follows it.
+_OLD_TO_NEW['tff_decorr.learning'] = 'tff_decorr.runtimes.learning'
+_OLD_TO_NEW['tff_decorr.federated.learning'] = 'tff_decorr.runtimes.learning'
 
 
 def _public_names():
