@@ -1,5 +1,6 @@
-r"""Round time of the tff.learning path (tff_decorr.federated.learning.build_process, a LearningProcess) and
-of each tff.aggregators aggregator, relative to today's TFF runtime (runtimes/tff_runtime.py).
+r"""Round time of the tff.learning path (tff_decorr.runtimes.learning.build_process, a
+LearningProcess) and of each tff.aggregators aggregator, relative to today's TFF runtime
+(runtimes/tff_runtime.py).
 
 Every variant is FedAvg + FedDecorr on the same task, model, partition, seed and clients, all in
 this one process and under the one TFF context (the project's worker_binary), rounds alternating
@@ -14,9 +15,10 @@ between the variants:
                        20,000 would quantise no tensor of small_cnn)
   process_secure       tff.learning.secure_aggregator() (the project's context runs secure sums as
                        plain sums; what is timed is the aggregator's extra work, not a protocol)
-  process_dp           tff_decorr.federated.learning.dp_aggregator(...) (epsilon accounting included); by
-                       default a FIXED clip (--dp_clip=1.0, DifferentiallyPrivateFactory.
-                       gaussian_fixed) with --dp_noise_multiplier=1.0, so any --num_clients works:
+  process_dp           tff_decorr.runtimes.learning.dp_aggregator(...) (epsilon accounting
+                       included); by default a FIXED clip (--dp_clip=1.0,
+                       DifferentiallyPrivateFactory.gaussian_fixed) with
+                       --dp_noise_multiplier=1.0, so any --num_clients works:
                        TFF's adaptive clipping (--dp_clip=0) refuses a noise multiplier of
                        0.1 x clients_per_round or more (1.0 with 10 clients). DP averages clients
                        uniformly (an unweighted mean); the cost, not the model, is compared.
@@ -110,7 +112,7 @@ def config(aggregator: str = 'mean'):
 def aggregator(name: str, num_clients: int):
   """The tff.aggregators factory of process variant `name` (None: build_process's default)."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from tff_decorr.federated import learning  # pylint: disable=g-import-not-at-top
+  from tff_decorr.runtimes import learning  # pylint: disable=g-import-not-at-top
   if name == 'process_mean':
     return None
   if name == 'process_robust':
@@ -156,7 +158,7 @@ class ProcessRunner:
   called directly needs the synchronous context, not learning.install_program_context's."""
 
   def __init__(self, base: RuntimeRunner, model_aggregator):
-    from tff_decorr.federated import learning  # pylint: disable=g-import-not-at-top
+    from tff_decorr.runtimes import learning  # pylint: disable=g-import-not-at-top
     from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
     exp = base.exp
     c = exp.config

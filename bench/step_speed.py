@@ -44,7 +44,7 @@ import statistics
 import sys
 import time
 
-from tff_decorr.run import tf_env  # pylint: disable=g-bad-import-order,unused-import  (before TF)
+from tff_decorr import tf_env  # pylint: disable=g-bad-import-order,unused-import  (before TF)
 from absl import app
 from absl import flags
 import numpy as np

@@ -22,7 +22,7 @@ import tensorflow_federated as tff
 from bin import train
 from tff_decorr import algorithms
 from tff_decorr import hparams
-from tff_decorr.federated import learning
+from tff_decorr.runtimes import learning
 from tff_decorr import regularizers
 from tff_decorr.federated import tff_context
 from tff_decorr.algorithms import base

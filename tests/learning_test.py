@@ -1,4 +1,4 @@
-"""tff_decorr.federated.learning: the VariableModel wrapper under TFF's stock builders, the project's
+"""tff_decorr.runtimes.learning: the VariableModel wrapper under TFF's stock builders, the project's
 algorithms as LearningProcesses under train_model, and tff.aggregators in their place."""
 
 import asyncio
@@ -18,10 +18,10 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_decorr import algorithms
-from tff_decorr.federated import learning
 from tff_decorr import regularizers
 from tff_decorr.federated import tff_context
 from tff_decorr.algorithms import testing
+from tff_decorr.runtimes import learning
 from tff_decorr.runtimes import tf_runtime
 
 DATA = testing.synthetic_clients(sizes=(10, 6, 14))

@@ -21,7 +21,7 @@ from tensorflow_federated.python.tensorflow_libs import serialization_utils
 
 from tff_decorr import algorithms
 from tff_decorr import models
-from tff_decorr.run import tf_env
+from tff_decorr import tf_env
 from tff_decorr.federated import tff_context
 from tff_decorr.algorithms import client_update
 from tff_decorr.algorithms import workspace
@@ -119,7 +119,7 @@ class StepSpeedTest(tf.test.TestCase):
 
   def test_tensorflow_imported_after_tf_env_has_onednn(self):
     env = {k: v for k, v in os.environ.items() if k != 'TF_ENABLE_ONEDNN_OPTS'}
-    program = ('from tff_decorr.run import tf_env\n'
+    program = ('from tff_decorr import tf_env\n'
                'from tensorflow.python.util import _pywrap_util_port as port\n'
                'print("ONEDNN", port.IsMklEnabled())\n')
     out = subprocess.run([sys.executable, '-c', program], env=env, capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""tff_decorr.run.tf_env: the binaries' stderr filter drops TensorFlow's known noise lines only,
+"""tff_decorr.tf_env: the binaries' stderr filter drops TensorFlow's known noise lines only,
 keeps everything else in order (partial lines too), survives a SIGKILL of its process, and keeps
 the exit status; TFF_DECORR_NOISE=1 shows every line."""
 
@@ -17,7 +17,7 @@ from tests import testutil
 # Writes to file descriptor 2 directly, as TensorFlow's C++ logging does.
 _PROGRAM = textwrap.dedent('''
     import os, sys, time
-    from tff_decorr.run import tf_env
+    from tff_decorr import tf_env
     tf_env.quiet_known_noise()
     os.write(2, b'2026-11-25 E cuda_dnn.cc:9342] Unable to register cuDNN factory: Attempting\\n')
     os.write(2, b'first real line\\n')

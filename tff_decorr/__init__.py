@@ -4,10 +4,10 @@
 `tff_decorr.train(tff_decorr.run.config.make(task='digits', algorithm='fedprox',
 fedprox_mu=1e-3))`.
 
-Layers (docs/DESIGN.md): components (hparams, regularizers, partitions, models/, algorithms/),
-the round and its runtimes (runtimes/), the TFF face (federated/), the run program (run/), and
-collapse measurement (collapse/). Submodules are imported on first use, so importing the package
-itself does not import TensorFlow.
+Layers, lowest first (docs/DESIGN.md): components (hparams, tf_env, regularizers, partitions,
+models/, algorithms/), the TFF machinery (federated/), the round and its runtimes, the tff.learning
+face among them (runtimes/), collapse measurement (collapse/) and the run program (run/).
+Submodules are imported on first use, so importing the package itself does not import TensorFlow.
 
 The flat module paths used before the subpackages (`tff_decorr.config`, `from tff_decorr import
 learning`, ...; `MOVED`) still import, as the very module of the new path, with a
@@ -23,14 +23,22 @@ __version__ = '0.2.0'
 # Old module path (before the subpackage regroup, commit 1c5fa3b) -> its module today. Removing
 # these in release REMOVED_IN is deleting this table and `_MovedModuleFinder` below.
 MOVED = {
-    **{f'tff_decorr.{m}': f'tff_decorr.federated.{m}'
-       for m in ('learning', 'tff_context', 'aggregation')},
+    **{f'tff_decorr.{m}': f'tff_decorr.federated.{m}' for m in ('tff_context', 'aggregation')},
     **{f'tff_decorr.{m}': f'tff_decorr.run.{m}'
        for m in ('config', 'deprecated_flags', 'training', 'experiment', 'program',
-                 'client_state', 'run_dir', 'export', 'personalized', 'cli', 'tf_env', 'study',
-                 'report')},
-    **{f'tff_decorr.{m}': f'tff_decorr.collapse.{m}'
-       for m in ('analysis', 'plots', 'collapse_tracking')},
+                 'client_state', 'run_dir', 'export', 'personalized', 'cli', 'study', 'report')},
+    **{f'tff_decorr.{m}': f'tff_decorr.collapse.{m}' for m in ('analysis', 'plots')},
+    # Moved down a layer later (issue 31's house item): the federated layer imports it, and a
+    # lower layer must not import from run/. Its flat path of before 1c5fa3b is its path again.
+    'tff_decorr.run.tf_env': 'tff_decorr.tf_env',
+    # Moved up a layer later (the same item): the run program's round-end hook, which imports
+    # run/export; collapse/ keeps the measurements (analysis, plots) and imports nothing above.
+    'tff_decorr.collapse_tracking': 'tff_decorr.run.collapse_tracking',
+    'tff_decorr.collapse.collapse_tracking': 'tff_decorr.run.collapse_tracking',
+    # Moved up a layer later (the same item): the tff.learning face over runtimes/rounds, a sibling
+    # of tff_runtime and tf_runtime; federated/ keeps the TFF machinery that runtimes/ imports.
+    'tff_decorr.learning': 'tff_decorr.runtimes.learning',
+    'tff_decorr.federated.learning': 'tff_decorr.runtimes.learning',
 }
 
 

@@ -10,7 +10,7 @@ gives:
 - the keys a task's paper defaults use (`'<component>.<field>'`).
 
 Why dataclasses and not absl flags directly: the same settings are used from Python
-(`algorithms.build`, `tff_decorr.federated.learning`, benchmarks, tests) where no flags exist.
+(`algorithms.build`, `tff_decorr.runtimes.learning`, benchmarks, tests) where no flags exist.
 """
 
 from __future__ import annotations

@@ -56,11 +56,11 @@ class Algorithm:
   # The constructor needs the local epochs a client's dataset holds (keyword `local_epochs`;
   # FedLC's class sizes are its dataset's label counts divided by them).
   needs_local_epochs = False
-  # How a tff.aggregators factory can aggregate the upload (--aggregator, tff_decorr.federated.learning):
-  # those factories expect model DELTAS (DP clips them, compression quantises them). 'model':
-  # contribution / weight is (part of) a model, sent as its difference from
-  # `update_reference(broadcast)`; 'delta': contribution / weight is already a delta; None: no
-  # such form (the plain sum only).
+  # How a tff.aggregators factory can aggregate the upload (--aggregator,
+  # tff_decorr.runtimes.learning): those factories expect model DELTAS (DP clips them, compression
+  # quantises them). 'model': contribution / weight is (part of) a model, sent as its difference
+  # from `update_reference(broadcast)`; 'delta': contribution / weight is already a delta; None:
+  # no such form (the plain sum only).
   upload: Optional[str] = None
   # Keys of the contribution (a dict) summed exactly, outside the factory: never clipped, zeroed,
   # noised or quantised (SCAFFOLD's control-variate deltas, so that c stays the clients' mean).

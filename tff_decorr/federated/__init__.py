@@ -1,5 +1,6 @@
-"""The TFF face: the tff.learning API (learning), tff.aggregators behind --aggregator
-(aggregation), and the TFF execution context the project owns (tff_context).
+"""The TFF machinery the runtimes use: tff.aggregators behind --aggregator (aggregation), the TFF
+execution context the project owns (tff_context) and the loopback guard of its workers (loopback).
+The tff.learning API is a runtime over it (tff_decorr.runtimes.learning, a layer up).
 
 Submodules are imported on first use (tff_decorr.lazy_submodules).
 """

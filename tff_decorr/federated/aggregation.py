@@ -1,5 +1,5 @@
 """Model aggregation through `tff.aggregators`: what bin/train's `--aggregator` and
-`tff_decorr.federated.learning.build_process(model_aggregator=...)` share.
+`tff_decorr.runtimes.learning.build_process(model_aggregator=...)` share.
 
 - The aggregators bin/train offers, each with its settings declared once (tff_decorr.hparams) and
   turned into `--<aggregator>_<setting>` flags: `mean` (the algorithm's own weighted plain sum, the
@@ -322,8 +322,8 @@ def check(algorithm_cls: type, factory, process, state_on_server: bool,
   wrong or its guarantee would not hold (`refusal`), from what the built process contains.
 
   `state_on_server`: the per-client state (FedBN BN, SCAFFOLD c_i, MOON previous model) is held by
-  the server (tff_decorr.federated.learning: tff.learning has no client-placed state). bin/train's runtime
-  keeps it CLIENTS-placed, where a deployed client would keep it.
+  the server (tff_decorr.runtimes.learning: tff.learning has no client-placed state). bin/train's
+  runtime keeps it CLIENTS-placed, where a deployed client would keep it.
   """
   private = sorted(set(_private_parts(factory))) + (['secure aggregation intrinsics']
                                                     if _secure_intrinsics(process) else [])

@@ -36,7 +36,7 @@ from absl import logging
 import grpc
 import portpicker
 # Before TensorFlow (imported by TFF below) when this is the first module to import it.
-from tff_decorr.run import tf_env  # pylint: disable=g-bad-import-order
+from tff_decorr import tf_env  # pylint: disable=g-bad-import-order
 import tensorflow_federated as tff
 # Internals of TFF 0.87's mergeable-computation context, reused with the client order fixed.
 from tensorflow_federated.python.common_libs import async_utils

@@ -161,13 +161,13 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
 
   on_round_end = None
   if config.track_collapse:
-    from tff_decorr.collapse import collapse_tracking  # pylint: disable=g-import-not-at-top
+    from tff_decorr.run import collapse_tracking  # pylint: disable=g-import-not-at-top
     on_round_end = collapse_tracking.tracker(exp, evaluator, test_ds, config.eval_every,
                                              config.rounds)
 
   before_round = None
   if save_local_models or config.track_collapse:
-    from tff_decorr.collapse import collapse_tracking  # pylint: disable=g-import-not-at-top
+    from tff_decorr.run import collapse_tracking  # pylint: disable=g-import-not-at-top
     before_round = collapse_tracking.LocalModels(exp, evaluator, test_ds,
                                                  save_local_models, local_rounds,
                                                  track=config.track_collapse)

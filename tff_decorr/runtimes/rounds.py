@@ -5,7 +5,7 @@ step (tff_decorr.algorithms) are joined with an aggregator here and only here. T
 running a round are thin faces over a `Round`:
 - runtimes/tff_runtime.py: a tff.templates.IterativeProcess, client state CLIENTS-placed;
 - runtimes/tf_runtime.py: the same TF functions called in this process (a GPU when present);
-- learning.py: a tff.learning LearningProcess, client state in a server-held table.
+- runtimes/learning.py: a tff.learning LearningProcess, client state in a server-held table.
 They differ only in where client state lives and how a client's dataset is named; what a client
 computes, what is aggregated and how the server updates is decided here.
 

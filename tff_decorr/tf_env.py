@@ -2,7 +2,7 @@
 
 Import this module before `import tensorflow` (the binaries in bin/ do so first):
 
-  from tff_decorr.run import tf_env  # pylint: disable=unused-import
+  from tff_decorr import tf_env  # pylint: disable=unused-import
 
 It turns on TensorFlow's oneDNN kernels (`TF_ENABLE_ONEDNN_OPTS=1`) unless the user set the
 variable: TF 2.14 enables them by default only on CPUs with AVX512-VNNI, AVX512-BF16 or AMX, and on

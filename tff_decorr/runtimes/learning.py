@@ -39,12 +39,12 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_decorr.federated import aggregation
 from tff_decorr import algorithms
 from tff_decorr import regularizers
-from tff_decorr.federated import tff_context
 from tff_decorr.algorithms import base
 from tff_decorr.algorithms.client_update import ClientConfig
+from tff_decorr.federated import aggregation
+from tff_decorr.federated import tff_context
 from tff_decorr.runtimes import rounds
 from tff_decorr.runtimes import tff_runtime
 
@@ -237,8 +237,8 @@ def from_keras_model(keras_model: tf.keras.Model, input_spec,
   Call it inside the `model_fn` you give to a TFF builder (TFF builds the model in its own graphs):
 
       def model_fn():
-        return tff_decorr.federated.learning.from_keras_model(make_keras_model(), input_spec,
-                                                    representation_layer='fc', beta=0.1)
+        return tff_decorr.runtimes.learning.from_keras_model(make_keras_model(), input_spec,
+                                                             representation_layer='fc', beta=0.1)
       process = tff.learning.algorithms.build_weighted_fed_avg(
           model_fn, tff.learning.optimizers.build_sgdm(0.01))
 
@@ -280,8 +280,8 @@ def from_keras_model(keras_model: tf.keras.Model, input_spec,
 # The project's algorithms as LearningProcesses
 # ------------------------------------------------------------------------------------------------
 
-# Aggregation pieces shared with bin/train's --aggregator live in tff_decorr.federated.aggregation; these
-# names stay here for code written against this module.
+# Aggregation pieces shared with bin/train's --aggregator live in tff_decorr.federated.aggregation;
+# these names stay here for code written against this module.
 upload_bytes_per_client = aggregation.upload_bytes_per_client
 dp_epsilons = aggregation.dp_epsilons
 AccountedDpFactory = aggregation.AccountedDpFactory
