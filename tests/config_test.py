@@ -1,6 +1,7 @@
 """Configuration resolution: component flags, old spellings, old config.json files and default
 run-directory names stay what they were before component settings existed."""
 
+import os
 from unittest import mock
 
 from absl.testing import absltest
@@ -107,9 +108,10 @@ class ConfigTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, '^--init: unknown initialisation'):
       config.make(task='digits', init='glorot')
 
-  def test_runtime_auto_is_tf_with_a_gpu_and_tff_without(self):
+  def test_runtime_auto_is_tf_unless_only_tff_runs_it(self):
     self.assertEqual(train.FLAGS['runtime'].default, 'auto')
-    self.assertIn('auto: tf when TensorFlow sees a GPU', train.FLAGS['runtime'].help)
+    self.assertIn('auto: tf, or tff with --workers or an --aggregator factory',
+                  train.FLAGS['runtime'].help)
     gpu = tf.config.PhysicalDevice(name='/physical_device:GPU:0', device_type='GPU')
     devices = lambda device_type=None: [gpu] if device_type in ('GPU', None) else []
     with mock.patch.object(tf.config, 'list_physical_devices', side_effect=devices):
@@ -122,12 +124,14 @@ class ConfigTest(absltest.TestCase):
     with mock.patch.object(tf.config, 'list_physical_devices', return_value=[]):
       (on_cpu,) = resolve(regularizer='none')
       cpu_header = train.run_header(on_cpu, 'auto')
-    self.assertEqual((on_gpu.runtime, on_cpu.runtime), ('tf', 'tff'))
+    self.assertEqual((on_gpu.runtime, on_cpu.runtime), ('tf', 'tf'))
     self.assertEqual((workers.runtime, dp.runtime, explicit.runtime), ('tff', 'tff', 'tff'))
     # config.json records the runtime that ran, not 'auto'.
     self.assertEqual(on_gpu.to_dict()['runtime'], 'tf')
     self.assertIn('(runtime tf, auto: TensorFlow sees 1 GPU(s), /physical_device:GPU:0)', header)
-    self.assertIn('(runtime tff, auto: TensorFlow sees no GPU)', cpu_header)
+    cores = len(os.sched_getaffinity(0))
+    self.assertIn(f'(runtime tf, auto: no GPU; the plain mean runs fastest in this process, {cores} '
+                  f'client(s) at a time on {cores} CPU core(s)', cpu_header)
     self.assertIn('(runtime tf, --runtime=tf)', train.run_header(on_gpu, 'tf'))
     # Same run on either machine: one directory name, and each resumes the other's run.
     self.assertEqual(on_gpu.output_dir, on_cpu.output_dir)

@@ -207,10 +207,10 @@ def define_train_flags(fv) -> list:
                     'model\'s reference one, as the PyTorch code it ports: kaiming_normal for '
                     'resnet20/32, torch for resnet18, mobilenet_v2_cifar, alexnet_bn; keras for '
                     'small_cnn).', **d)
-  flags.DEFINE_enum('runtime', 'auto', ['auto', 'tff', 'tf'], 'auto: tf when TensorFlow sees a '
-                    'GPU, else tff (tff with --workers or an --aggregator factory); tff: TFF C++ '
+  flags.DEFINE_enum('runtime', 'auto', ['auto', 'tff', 'tf'], 'auto: tf, or tff with --workers or '
+                    'an --aggregator factory (which only TFF\'s runtime runs); tff: TFF C++ '
                     'runtime (CPU, remote workers); tf: the same TF functions in this process '
-                    '(uses a GPU). The choice is printed first and recorded in config.json; a run '
+                    '(a GPU when present, else one client per CPU core at once). The choice is printed first and recorded in config.json; a run '
                     'resumes under either.', **d)
   flags.DEFINE_string('data_dir', None, 'TFDS data dir (prepared datasets are read offline).', **d)
   flags.DEFINE_string('cache_dir', None, 'Where per-client data shards are cached '

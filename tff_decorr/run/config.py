@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, TYPE_CHECKING
 
 from tff_decorr.run import deprecated_flags
@@ -171,8 +172,8 @@ def validate(c: Config) -> None:
       bad(kind, f'unknown {kind} {getattr(c, kind)!r}; choose one of {", ".join(names)}.')
     c.component_hparams(kind)  # Validates the component's settings (errors name their flags).
   if c.runtime not in RUNTIME_CHOICES:
-    bad('runtime', f'unknown runtime {c.runtime!r}; choose auto (tf with a GPU, else tff), tff '
-        '(TFF C++ runtime, CPU, remote workers) or tf (in-process, uses a GPU).')
+    bad('runtime', f'unknown runtime {c.runtime!r}; choose auto (tf, or tff where only it '
+        'runs), tff (TFF C++ runtime, CPU, remote workers) or tf (in-process, uses a GPU).')
   runtime = choose_runtime(c.runtime, c.workers, c.aggregator)[0]
   for flag in ('num_clients', 'clients_per_round', 'rounds', 'local_epochs', 'batch_size',
                'eval_every'):
@@ -208,10 +209,11 @@ def validate(c: Config) -> None:
 
 def choose_runtime(requested: str, workers: str = '',
                    aggregator: str = 'mean') -> Tuple[str, str]:
-  """(runtime, why) for `--runtime=requested`. 'auto' is the in-process runtime ('tf') when
-  TensorFlow sees a GPU, since TFF 0.87's worker_binary is CPU-only, and TFF's runtime ('tff')
-  otherwise, where its worker runs clients concurrently (docs/benchmarks.md §2). Settings only
-  TFF's runtime executes (--workers, a tff.aggregators factory) make 'auto' choose it, GPU or not."""
+  """(runtime, why) for `--runtime=requested`. 'auto' is the in-process runtime ('tf') for the
+  plain mean: on a GPU (TFF 0.87's worker_binary is CPU-only), and on a CPU, where it trains one
+  client per core at once and a whole run of issue 23's setting took 0.87x the time of TFF's
+  runtime (docs/benchmarks.md §11b); no worker process is started. Settings only TFF's runtime
+  executes (--workers, a tff.aggregators factory) make 'auto' choose 'tff', GPU or not."""
   if requested != 'auto':
     return requested, f'--runtime={requested}'
   if workers:
@@ -223,7 +225,9 @@ def choose_runtime(requested: str, workers: str = '',
   if gpus:
     return 'tf', (f'auto: TensorFlow sees {len(gpus)} GPU(s), '
                   f'{", ".join(g.name for g in gpus)}')
-  return 'tff', 'auto: TensorFlow sees no GPU'
+  cores = len(os.sched_getaffinity(0))
+  return 'tf', (f'auto: no GPU; the plain mean runs fastest in this process, {cores} client(s) at '
+                f'a time on {cores} CPU core(s) (--runtime=tff for TFF\'s worker)')
 
 
 def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[str, Any]],
