@@ -280,7 +280,7 @@ class FedExpTest(_Base):
       weights_only = algorithms.build('fedexp', lambda: _resnet20_f64(run.state), CONFIG, None,
                                       eps=1e-3, bn='average')
     captured = []
-    step = run.runtime._step_from_id  # pylint: disable=protected-access
+    step = run.runtime._steps[0]  # pylint: disable=protected-access
 
     def recording_step(*args):
       out = step(*args)
@@ -288,7 +288,7 @@ class FedExpTest(_Base):
       captured.append(tf.nest.map_structure(np.asarray, (update, out['exact'], out['weight'])))
       return out
 
-    run.runtime._step_from_id = recording_step  # pylint: disable=protected-access
+    run.runtime._steps[0] = recording_step  # pylint: disable=protected-access
     sqr_keys = _keys(full, 'sqr_keys')
     trainable = np.array([_trainable_key(k) for k in sqr_keys])
     counters = np.array([k.endswith('num_batches_tracked') for k in sqr_keys])

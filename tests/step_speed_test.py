@@ -63,7 +63,7 @@ class StepSpeedTest(tf.test.TestCase):
     rt = tf_runtime.TfRuntime(alg, testing.make_client_dataset_fn(testing.synthetic_clients()))
     # pylint: disable=protected-access
     broadcast = rt._broadcast(tf.nest.map_structure(tf.constant, rt.initialize()))
-    concrete = rt._step_from_id.get_concrete_function(
+    concrete = rt._steps[0].get_concrete_function(
         broadcast, tf.constant('0'), tf.constant(0, tf.int64), tf.constant(0))
     # pylint: enable=protected-access
     ops = _op_types(concrete.graph.as_graph_def())
