@@ -140,7 +140,7 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     # x (local loop only), averaged by examples here, and the server rule applied here.
     b = 0.5
     alg = algorithms.build('fedavgm', testing.tiny_model, CFG, server_momentum=b, form=form,
-                           server_lr=server_lr)
+                           server_lr=server_lr, bn='ema')
     state = alg.initial_server_state(self.x0)
     x, m = [w.copy() for w in self.x0], [np.zeros_like(w) for w in self.x0]
     clients = ['0', '3']
@@ -170,7 +170,8 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     # unchanged. Momentum on the variance would overshoot below zero (complex eigenvalues); the
     # EMA s_t = 0.01 + (s_0 - 0.01) b^t decreases monotonically toward 0.01.
     b = 0.9
-    alg = algorithms.build('fedavgm', testing.tiny_model, CFG, server_momentum=b, form=form)
+    alg = algorithms.build('fedavgm', testing.tiny_model, CFG, server_momentum=b, form=form,
+                           bn='ema')
     var = alg.spec.names.index(next(n for n in alg.spec.names if 'moving_variance' in n))
     target = [w.copy() for w in self.x0]
     target[var] = np.full_like(self.x0[var], 0.01)

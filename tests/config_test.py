@@ -76,14 +76,22 @@ class ConfigTest(absltest.TestCase):
     self.assertNotEqual(run_dir.differences(config.migrate_dict(written), dp.to_dict()), [])
 
   def test_fedavgm_config_json_from_before_its_bn_rule_resumes(self):
-    # Written before --fedavgm_bn existed: its statistics followed today's default rule (ema).
-    (new,) = resolve(task='digits', algorithm='fedavgm', regularizer='none')
-    written = new.to_dict()
+    # Written before --fedavgm_bn existed: its statistics followed the rule of then (ema).
+    (ema,) = resolve(task='digits', algorithm='fedavgm', regularizer='none', fedavgm_bn='ema')
+    written = ema.to_dict()
     self.assertEqual(written['hparams']['fedavgm'].pop('bn'), 'ema')
-    self.assertEqual(run_dir.differences(config.migrate_dict(written), new.to_dict()), [])
+    self.assertEqual(run_dir.differences(config.migrate_dict(written), ema.to_dict()), [])
+    # Today's default (average) keeps the old command's directory name (GOLDEN), so the old
+    # command finds its old run, whose config.json then refuses the new default (the fedavgm
+    # settings differ); --fedavgm_bn=ema resumes it. The reference's rule is another directory.
+    (new,) = resolve(task='digits', algorithm='fedavgm', regularizer='none')
     (ref,) = resolve(task='digits', algorithm='fedavgm', regularizer='none', fedavgm_bn='reference')
-    self.assertNotEqual(run_dir.differences(config.migrate_dict(written), ref.to_dict()), [])
-    self.assertNotEqual(ref.output_dir, new.output_dir)  # Only the default keeps the old name.
+    self.assertEqual(new.hparams['fedavgm'].bn, 'average')
+    self.assertEqual(new.output_dir, ema.output_dir)
+    self.assertNotEqual(ref.output_dir, ema.output_dir)
+    for other in (new, ref):
+      differences = run_dir.differences(config.migrate_dict(written), other.to_dict())
+      self.assertEqual(differences, ['hparams'])  # Only the fedavgm settings differ (bn).
 
   def test_initialisation_defaults_to_the_models_reference_and_old_runs_are_not_mixed_in(self):
     (r20,) = resolve(task='cifar10', model='resnet20', regularizer='none')

@@ -8,22 +8,20 @@ delta = avg_i(y_i) - x (example-weighted average of the whole state, as FedAvg),
 They differ: with server_lr=1 the 'tff' form takes steps about 1/(1-b) times larger.
 The momentum covers the trainable weights (BN gamma and beta included). Non-trainable state (BN
 moving mean and variance) follows the rule `bn` chooses (docs/algorithms.md, fedavgm):
-- bn='ema' (the default): an exponential moving average toward the clients' example-weighted
-  average with the same coefficient b, s <- b*s + (1-b)*avg_i(s_i);
+- bn='average' (the default since issue 29): FedAvg's rule, s <- avg_i(s_i);
+- bn='ema' (the default until then): an exponential moving average toward the clients'
+  example-weighted average with the same coefficient b, s <- b*s + (1-b)*avg_i(s_i);
 - bn='reference': the same momentum rule as the weights (the reference puts its whole state_dict
-  through the momentum), then every moving variance clamped at 0 (base.nonnegative_variances);
-- bn='average': FedAvg's rule, s <- avg_i(s_i).
-Why the EMA is the default rather than the reference's momentum: statistics are running
-estimates of the data, not parameters with a gradient, and server momentum is an underdamped
-iteration (eigenvalues of modulus sqrt(b)): when the clients' averaged variance drops and stays
-small, the variance overshoots below zero (hence the clamp) and, unclamped, the global model's
-logits become NaN. Why not the plain average: the weights then lag behind the clients through the
-momentum while the statistics jumped to the clients' latest values, so the global model paired
-weights of one time-scale with statistics of another. The EMA gives the statistics the same
-coefficient b of lag and is a convex combination of the initial statistics and the clients'
-averages: it never overshoots, a variance never goes negative (tests/algorithms_test.py); b = 0
-is FedAvg's average. With 'ema' and 'average' the statistics' momentum entries stay zero, so the
-state's structure (and old checkpoints) is the same for every rule.
+  through the momentum), then every moving variance clamped at 0 (base.nonnegative_variances).
+Why not the reference's momentum by default: statistics are running estimates of the data, not
+parameters with a gradient, and server momentum is an underdamped iteration (eigenvalues of
+modulus sqrt(b)): when the clients' averaged variance drops and stays small, the variance
+overshoots below zero (hence the clamp; at issue 23's setting it reached 0 and the model chance).
+Why the average rather than the EMA: the EMA never overshoots either, but keeps b^r of the initial
+statistics, and the average trained best at both settings measured (docs/algorithms.md, the
+table). Both are convex combinations: a variance never goes negative. With 'ema' and 'average'
+the statistics' momentum entries stay zero, so the state's structure (and old checkpoints) is the
+same for every rule.
 """
 
 from __future__ import annotations
@@ -52,9 +50,10 @@ class FedAvgMHParams(hparams.HParams):
                             choices=('reference', 'tff', 'sgdm'))
   server_lr: float = hparams.field(1.0, "server learning rate (form 'tff' only).", minimum=0.0,
                                    min_exclusive=True)
-  bn: str = hparams.field('ema', 'BN moving statistics: ema = s <- b s + (1-b) avg (never '
-                          'overshoots); reference = the same momentum as the weights (the '
-                          'reference), variances clamped at 0; average = FedAvg\'s average.',
+  bn: str = hparams.field('average', 'BN moving statistics: average = FedAvg\'s average (the '
+                          'default: trained best, docs/algorithms.md); ema = s <- b s + (1-b) avg '
+                          '(the default before issue 29); reference = the same momentum as the '
+                          'weights (the reference), variances clamped at 0.',
                           choices=BN_RULES)
 
   def __post_init__(self):

@@ -137,6 +137,11 @@ _LATER_KINDS = {'aggregator': 'mean'}
 # Component settings added after runs were first written, with the value those runs used: a
 # config.json without one means that value, and at that value it stays out of directory names.
 _LATER_FIELDS = {'fedavgm.bn': 'ema'}
+# Values of a component setting that stay out of directory names: the value runs had before the
+# setting existed, and a default changed later (fedavgm.bn: 'ema' before issue 29, 'average' since).
+# An old command then finds its old run, and config comparison refuses to resume it under the new
+# default with a message naming the setting (as for `init`); --fedavgm_bn=ema resumes it.
+_NAME_NEUTRAL_VALUES = {'fedavgm.bn': ('ema', 'average')}
 
 
 def component_flag_specs():
@@ -424,7 +429,7 @@ def directory_hash(config: Config, task, legacy: Mapping[str, Any]) -> str:
   for component, fields in config.to_dict()['hparams'].items():
     for field, value in fields.items():
       key = f'{component}.{field}'
-      if key in known or (key in _LATER_FIELDS and value == _LATER_FIELDS[key]):
+      if key in known or value in _NAME_NEUTRAL_VALUES.get(key, ()):
         continue
       flat[f'{component}_{field}'] = value
   d = {k: v for k, v in flat.items() if k not in run_dir.RESUMABLE_KEYS}
