@@ -26,7 +26,7 @@ import time
 from absl import app
 from absl import flags
 
-import tensorflow as tf  # pylint: disable=unused-import  (before absl's app.run, as bench/accuracy.py)
+import tensorflow as tf  # pylint: disable=unused-import  (before absl app.run)
 
 from bench import _common
 from tff_decorr.run import config as config_lib
