@@ -26,7 +26,7 @@ import time
 from absl import app
 from absl import flags
 
-import tensorflow as tf  # pylint: disable=unused-import  (before absl app.run)
+import tensorflow as tf  # Before absl app.run (as bench/accuracy.py); also reads checkpoints.
 
 from bench import _common
 from tff_decorr.run import config as config_lib
