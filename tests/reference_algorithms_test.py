@@ -43,7 +43,6 @@ import tensorflow as tf
 
 from tests import testutil
 from tff_decorr import algorithms
-from tff_decorr import models
 from tff_decorr import regularizers
 from tff_decorr.algorithms import base
 from tff_decorr.algorithms import client_update
@@ -110,26 +109,19 @@ def _stats(fx, entry):
   return out
 
 
-def _resnet20_f64(state):
-  with testutil.Float64Scope():
-    m = models.build('resnet20', num_classes=10, input_shape=(32, 32, 3))
-  torch_import.assign_torch_state(m, state)
-  return m
-
-
 class _Run:
   """One of the project's algorithms on a fixture's clients, ResNet20 in float64, TF runtime."""
 
   def __init__(self, name, fx, regularizer, init=None, **hparams):
     self.state = _init_state()
     self.state.update({k: np.asarray(v, np.float64) for k, v in (init or {}).items()})
-    self.model = _resnet20_f64(self.state)
+    self.model = testutil.resnet20_f64(self.state)
     b = _Fixture.load('batches', DATA)
     indices = [fx[f'client{i}/indices'] for i in range(len(CLIENT_SIZES))]
     data = [(testutil.normalise(b['images'][ix], np.float64), b['labels'][ix].astype(np.int32))
             for ix in indices]
     with testutil.Float64Scope():
-      self.alg = algorithms.build(name, lambda: _resnet20_f64(self.state), CONFIG,
+      self.alg = algorithms.build(name, lambda: testutil.resnet20_f64(self.state), CONFIG,
                                   regularizer, **hparams)
       self.runtime = tf_runtime.TfRuntime(
           self.alg, algo_testing.make_client_dataset_fn(data, batch_size=BATCH))

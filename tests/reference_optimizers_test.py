@@ -43,7 +43,6 @@ import tensorflow as tf
 
 from tests import testutil
 from tff_decorr import algorithms
-from tff_decorr import models
 from tff_decorr.algorithms import base
 from tff_decorr.algorithms import client_update
 from tff_decorr.algorithms import testing as algo_testing
@@ -109,13 +108,6 @@ def _stats(fx, entry):
   return out
 
 
-def _resnet20_f64(state):
-  with testutil.Float64Scope():
-    m = models.build('resnet20', num_classes=10, input_shape=(32, 32, 3))
-  torch_import.assign_torch_state(m, state)
-  return m
-
-
 def _trainable_key(key):
   return not (key.endswith('running_mean') or key.endswith('running_var') or
               key.endswith('num_batches_tracked'))
@@ -126,7 +118,7 @@ class _Model:
 
   def __init__(self):
     self.state = _init_state()
-    self.model = _resnet20_f64(self.state)
+    self.model = testutil.resnet20_f64(self.state)
 
   def to_torch(self, weights):
     for v, x in zip(self.model.weights, weights):
@@ -147,7 +139,7 @@ class _Run(_Model):
     data = [(testutil.normalise(b['images'][fx[f'client{i}/indices']], np.float64),
              b['labels'][fx[f'client{i}/indices']].astype(np.int32)) for i in range(3)]
     with testutil.Float64Scope():
-      self.alg = algorithms.build(name, lambda: _resnet20_f64(self.state), CONFIG, None,
+      self.alg = algorithms.build(name, lambda: testutil.resnet20_f64(self.state), CONFIG, None,
                                   local_epochs=epochs, **hparams)
       self.runtime = tf_runtime.TfRuntime(
           self.alg, algo_testing.make_client_dataset_fn(data, batch_size=BATCH, epochs=epochs))
@@ -190,7 +182,7 @@ class ServerOptimiserTest(_Base):
     fx = _load(fixture)
     m = _Model()
     with testutil.Float64Scope():
-      alg = algorithms.build(name, lambda: _resnet20_f64(m.state), CONFIG, None, **hp)
+      alg = algorithms.build(name, lambda: testutil.resnet20_f64(m.state), CONFIG, None, **hp)
     state = alg.initial_server_state(m.from_torch(_stats(fx, 'global0/stats')))
     largest = 0.0
     for r in (1, 2, 3):
@@ -226,7 +218,7 @@ class ServerOptimiserTest(_Base):
       _CACHE['fedavg'] = _Run('fedavg', fx)
     clients = _CACHE['fedavg']
     with testutil.Float64Scope():
-      alg = algorithms.build(name, lambda: _resnet20_f64(clients.state), CONFIG, None, **hp)
+      alg = algorithms.build(name, lambda: testutil.resnet20_f64(clients.state), CONFIG, None, **hp)
     state = alg.initial_server_state(clients.from_torch({}))
     worst = []
     for r in (1, 2, 3):
@@ -277,7 +269,7 @@ class FedExpTest(_Base):
     fx, full = _load('fedexp_nocounters'), _load('fedexp')
     run = _Run('fedexp', fx, epochs=2, eps=1e-3, bn='reference')
     with testutil.Float64Scope():
-      weights_only = algorithms.build('fedexp', lambda: _resnet20_f64(run.state), CONFIG, None,
+      weights_only = algorithms.build('fedexp', lambda: testutil.resnet20_f64(run.state), CONFIG, None,
                                       eps=1e-3, bn='average')
     captured = []
     step = run.runtime._steps[0]  # pylint: disable=protected-access

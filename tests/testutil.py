@@ -193,3 +193,13 @@ class Float64Scope:
   def __exit__(self, *exc):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     tf.keras.backend.set_floatx(self._old)
+
+
+def resnet20_f64(state):
+  """A float64 ResNet20 holding a PyTorch state_dict (the reference tests' starting model)."""
+  from tff_decorr import models  # pylint: disable=g-import-not-at-top  (testutil stays light)
+  from tff_decorr.models import torch_import  # pylint: disable=g-import-not-at-top
+  with Float64Scope():
+    m = models.build('resnet20', num_classes=10, input_shape=(32, 32, 3))
+  torch_import.assign_torch_state(m, state)
+  return m
