@@ -131,6 +131,8 @@ class ConcurrentClientsTest(tf.test.TestCase, parameterized.TestCase):
         states.update(zip(clients, new_states))
       runtime.close()
       self.assertLen(runtime._steps, concurrency)  # pylint: disable=protected-access
+      if concurrency > 1:  # Round 2 started its clients longest first, by round 1's times.
+        self.assertCountEqual(runtime._seconds, '0123')  # pylint: disable=protected-access
       results.append(_flat((state, [states[c] for c in '0123'], metrics)))
     x0 = _flat(alg.initial_weights())
     self.assertGreater(max(np.abs(a - b).max() for a, b in zip(_flat(alg.global_weights(state)),
@@ -138,6 +140,13 @@ class ConcurrentClientsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(len(results[0]), len(results[1]))
     for a, b in zip(*results):
       np.testing.assert_array_equal(a, b)
+
+  def test_longest_first_starts_untimed_then_the_longest(self):
+    seconds = {'a': 1.0, 'b': 5.0, 'c': 3.0, 'd': 5.0}
+    ids = ['a', 'x', 'b', 'c', 'y', 'd']
+    # Never timed first in the round's order, then by last time (ties in the round's order).
+    self.assertEqual(tf_runtime.longest_first(ids, seconds), [1, 4, 2, 5, 3, 0])
+    self.assertEqual(tf_runtime.longest_first(ids, {}), list(range(6)))
 
 
 if __name__ == '__main__':

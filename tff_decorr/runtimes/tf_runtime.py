@@ -15,13 +15,21 @@ added in the clients' order whatever order they finish in, and a client's comput
 depend on which thread runs it, so a round's result is bit-identical to running the clients one
 after another (tests/runtimes_test.py checks this). On a GPU one client at a time (the default
 there): kernels of concurrent clients would only queue on the same device.
+
+Two things keep the cores busy at a round's edges. The first concurrent round traces the extra
+workspaces in the calling thread while the first workspace already trains (tracing is Python and
+holds the GIL; a running step does not). And when a round has few clients for its threads, they
+start longest first, by each client's last measured time (unknown ones first, in the round's
+order): the round's end is then not one large client training alone on a partly idle CPU. Neither
+changes a result, which does not depend on order or workspace.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import os
-import threading
+import queue
+import time
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
@@ -48,9 +56,37 @@ def default_concurrency() -> int:
   return max(1, len(os.sched_getaffinity(0)))
 
 
+def longest_first(client_ids: Sequence[str], seconds: dict) -> list:
+  """Positions of `client_ids` in the order to start them: clients never timed first, in the
+  given order (they may be long), then the timed ones by their last time, longest first."""
+  unknown = [i for i, c in enumerate(client_ids) if c not in seconds]
+  known = sorted((i for i, c in enumerate(client_ids) if c in seconds),
+                 key=lambda i: (-seconds[client_ids[i]], i))
+  return unknown + known
+
+
+# Reordering holds the uploads of clients that finish ahead of an earlier one until the sum reaches
+# them (the sum stays in the clients' order); with at most this many clients per thread that is a
+# few models' worth, and with more the round's end is a small part of it anyway.
+_REORDER_MAX_CLIENTS_PER_THREAD = 4
+
+
 def sum_structures(structures: Sequence[Any]):
   """Element-wise sum of identical structures (the runtime's aggregation: a plain SUM)."""
   return tf.nest.map_structure(lambda *xs: tf.add_n(list(xs)), *structures)
+
+
+def _results_in_order(futures: list):
+  """Yields the futures' results in list order, dropping each as it is yielded (an upload is held
+  only until the sum reaches it); on an error the clients not yet started are cancelled."""
+  try:
+    for i, f in enumerate(futures):
+      futures[i] = None
+      yield f.result()
+  finally:
+    for f in futures:
+      if f is not None:
+        f.cancel()
 
 
 class TfRuntime:
@@ -74,7 +110,8 @@ class TfRuntime:
     self._server_update = tf.function(self.round.server_update)
     self._broadcast = tf.function(algorithm.broadcast)
     self._pool = None
-    self._free = None  # Indices of the steps no thread is running.
+    self._free = None  # queue.SimpleQueue of the indices of the steps no thread is running.
+    self._seconds = {}  # client id -> wall seconds of its last local training here.
 
   def _add_step(self):
     workspace = self.round.new_workspace()
@@ -91,18 +128,26 @@ class TfRuntime:
     return workspace
 
   def _start_threads(self, broadcast, client_id, seed, state):
-    """Builds the other workspaces and traces their steps here, in the calling thread: Keras model
-    construction and tracing are not meant to run in several threads at once."""
+    """Starts the client threads with the first workspace's step traced; returns the specs the
+    other workspaces' steps are traced for (`_add_workspaces`)."""
     specs = [tf.nest.map_structure(tf.TensorSpec.from_tensor, x)
              for x in (broadcast, client_id, seed, state)]
-    while len(self._steps) < self.concurrency:
-      self._add_step()
-    for step in self._steps:
-      step.get_concrete_function(*specs)
-    self._free = list(range(len(self._steps)))
-    self._lock = threading.Lock()
+    self._steps[0].get_concrete_function(*specs)
+    self._free = queue.SimpleQueue()
+    for i in range(len(self._steps)):
+      self._free.put(i)
     self._pool = concurrent.futures.ThreadPoolExecutor(
         max_workers=self.concurrency, thread_name_prefix='tff_decorr_client')
+    return specs
+
+  def _add_workspaces(self, specs):
+    """Builds the other workspaces and traces their steps here, in the calling thread, while the
+    client threads already train on the first: Keras model construction and tracing are not
+    meant to run in several threads at once, and a running step does not hold the GIL."""
+    while len(self._steps) < self.concurrency:
+      self._add_step()
+      self._steps[-1].get_concrete_function(*specs)
+      self._free.put(len(self._steps) - 1)
 
   def _call(self, i, args):
     """(upload parts, the client's new state as NumPy) of one client on workspace i."""
@@ -110,15 +155,16 @@ class TfRuntime:
     return ({k: out[k] for k in ('update', 'exact', 'weight', 'metrics')},
             _to_numpy(out['client_state']))
 
-  def _run_client(self, args):
-    """In a client thread: one client on a workspace no other thread is using."""
-    with self._lock:
-      i = self._free.pop()
+  def _run_client(self, client_id, args):
+    """In a client thread: one client on a workspace no other thread is using (waits for one)."""
+    i = self._free.get()
     try:
-      return self._call(i, args)
+      t0 = time.perf_counter()
+      out = self._call(i, args)
+      self._seconds[client_id] = time.perf_counter() - t0
+      return out
     finally:
-      with self._lock:
-        self._free.append(i)
+      self._free.put(i)
 
   def close(self):
     """Stops the client threads (idempotent; the runtime starts them again if used)."""
@@ -143,9 +189,17 @@ class TfRuntime:
              _to_tensors(state))
             for (client_id, seed), state in zip(client_inputs, client_states)]
     if self.concurrency > 1 and len(args) > 1:
-      if self._pool is None:
-        self._start_threads(*args[0])
-      results = self._pool.map(self._run_client, args)  # Yields in the clients' order.
+      specs = self._start_threads(*args[0]) if self._pool is None else None
+      ids = [client_id for client_id, _ in client_inputs]
+      order = (longest_first(ids, self._seconds)
+               if len(ids) <= _REORDER_MAX_CLIENTS_PER_THREAD * self.concurrency
+               else range(len(ids)))
+      futures = [None] * len(args)
+      for i in order:
+        futures[i] = self._pool.submit(self._run_client, ids[i], args[i])
+      if specs is not None:
+        self._add_workspaces(specs)
+      results = _results_in_order(futures)
     else:
       results = (self._call(0, a) for a in args)
     # Running sums in the clients' order: bit-identical to one client at a time, and memory stays
