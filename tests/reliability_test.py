@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from unittest import mock
 
@@ -75,12 +76,13 @@ class ProgramTest(absltest.TestCase):
     super().setUp()
     self.dir = tempfile.mkdtemp()
 
-  def run_program(self, runtime, rounds, check_clients=None, clients_per_round=2, log=None):
+  def run_program(self, runtime, rounds, check_clients=None, clients_per_round=2, log=None,
+                  evaluate=None):
     store = client_state.ClientStateStore(os.path.join(self.dir, 'client_states'),
                                           initial_fn=lambda: {'visits': np.int32(0)})
     loop = program.LoopConfig(rounds=rounds, num_clients=4, clients_per_round=clients_per_round,
                               seed=0)
-    evaluate = lambda state, r: {'test_accuracy': (22 + r) / 90}
+    evaluate = evaluate or (lambda state, r: {'test_accuracy': (22 + r) / 90})
     exported = []
     summary = program.run(runtime=runtime, algorithm=StubAlgorithm(), store=store, loop=loop,
                           output_dir=self.dir, evaluate_fn=evaluate,
@@ -140,6 +142,39 @@ class ProgramTest(absltest.TestCase):
     runtime = StubRuntime()
     self.run_program(runtime, rounds=5)
     self.assertEqual(runtime.rounds_run, [3, 4, 5])
+
+  def test_evaluation_overlaps_the_next_round_and_checkpoints_name_their_own_states(self):
+    started = {}  # round -> Event set when the runtime starts that round
+    event = lambda r: started.setdefault(r, threading.Event())
+
+    class Runtime(StubRuntime):
+
+      def run_round(self, server_state, client_inputs, client_states):
+        event(int(server_state['weights'][0][0]) + 1).set()
+        return super().run_round(server_state, client_inputs, client_states)
+
+    overlapped = {}
+
+    def evaluate(state, r):
+      del state
+      # In the evaluation thread, round r's evaluation finishes only once round r+1 has started.
+      in_thread = threading.current_thread() is not threading.main_thread()
+      overlapped[r] = in_thread and event(r + 1).wait(timeout=60)
+      return {'test_accuracy': (22 + r) / 90}
+
+    summary, _ = self.run_program(Runtime(), rounds=4, evaluate=evaluate)
+    # The first evaluation (tracing the evaluator) and the last round's run in the loop's thread.
+    self.assertEqual(overlapped, {1: False, 2: True, 3: True, 4: False})
+    self.assertEqual(summary['final_test_accuracy'], 26 / 90)
+    ckpt = os.path.join(self.dir, 'checkpoints')
+    # Round 3 was committed after round 4 trained: its manifest still names round 3's states.
+    third = client_state.ClientStateStore.read_manifest(os.path.join(ckpt, 'client_states_3.json'))
+    fourth = client_state.ClientStateStore.read_manifest(os.path.join(ckpt, 'client_states_4.json'))
+    self.assertEqual(max(third.values()), 3)
+    self.assertEqual(max(fourth.values()), 4)
+    self.assertEqual([int(r['round']) for r in self.metrics_rows()], [1, 2, 3, 4])
+    self.assertEqual([float(r['test_accuracy']) for r in self.metrics_rows()],
+                     [23 / 90, 24 / 90, 25 / 90, 26 / 90])
 
   def test_resumed_summary_equals_the_uninterrupted_one_exactly(self):
     uninterrupted, _ = self.run_program(StubRuntime(), rounds=3)

@@ -9,11 +9,21 @@ functions of (seed, round, client id), and the program state saved after every r
 everything else (server state, and which version of each client's state is current). Program state
 is written with `tff.program.FileProgramStateManager`, which writes to a temporary directory and
 renames it, so a kill at any moment leaves either the previous or the new version, never half of one.
+
+Evaluation overlaps training. A round's evaluation (the global model on the test set, about a fifth
+of a CIFAR run) runs in a second thread while the next round trains, filling the cores one client's
+training leaves idle. The round is committed (metrics, export, checkpoint, its progress line) when
+its evaluation is done, after the next round has trained and before that round's client states are
+written, so every checkpoint still names exactly its own round's client states. If the next round
+fails or is interrupted, the evaluated round is committed first: a failure still leaves the last
+trained round checkpointed. The first evaluation of an invocation, and the last round's, run in
+the loop's own thread (the first traces the evaluator).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import csv
 import dataclasses
@@ -381,6 +391,23 @@ def is_finite_weights(weights: Sequence) -> bool:
   return all(np.all(np.isfinite(np.asarray(w))) for w in weights)
 
 
+@dataclasses.dataclass
+class _Trained:
+  """A trained round not yet committed (evaluated, released, checkpointed)."""
+  round_num: int
+  server_state: Any
+  values: dict
+  round_time: float
+  num_clients: int
+  evaluation: Optional[concurrent.futures.Future] = None
+
+
+def _done(value) -> concurrent.futures.Future:
+  f = concurrent.futures.Future()
+  f.set_result(value)
+  return f
+
+
 def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
         evaluate_fn: Callable[[Any, int], dict],
         export_fn: Callable[[list, str, Optional[dict]], None],
@@ -388,7 +415,8 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
         before_round: Optional[Callable[..., Optional[dict]]] = None,
         check_clients: Optional[Callable[[Sequence[str]], None]] = None,
         config: Optional[Mapping[str, Any]] = None, log=print,
-        timer: Optional[phases_lib.Phases] = None) -> Optional[dict]:
+        timer: Optional[phases_lib.Phases] = None,
+        overlap_evaluation: bool = True) -> Optional[dict]:
   """Runs (or resumes) the federated training loop. Returns the final summary dict.
 
   Args:
@@ -409,6 +437,8 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
     config: optional resolved configuration (`Config.to_dict()`): written to tensorboard/ as the
       run's hyper-parameters, with its final metrics at the end (TensorBoard's HParams dashboard).
     timer: optional phases.Phases, given the wall time of each phase of the loop.
+    overlap_evaluation: evaluate round r in a second thread while round r+1 trains (module
+      docstring); ignored with before_round or on_round_end, which share the evaluator.
 
   Returns the summary, or None when the run already holds more rounds than `loop.rounds` (nothing
   is trained or written). Raises NonFiniteError (the last finite round stays checkpointed) and
@@ -446,92 +476,125 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
       metrics_io.hparams(config, trial_id=os.path.basename(os.path.normpath(output_dir)))
   start_round = completed + 1
   server_state = state['server_state']
+  # Evaluation of round r overlaps round r+1's training (module docstring) unless a hook shares
+  # the evaluator or the round's state with it.
+  overlap = overlap_evaluation and before_round is None and on_round_end is None
+  evaluations = concurrent.futures.ThreadPoolExecutor(
+      max_workers=1, thread_name_prefix='tff_decorr_evaluation') if overlap else None
+  times = []
+  last_test = {}
+  pending = None  # The trained round whose evaluation runs while the next round trains.
+
+  def commit(p: _Trained):
+    """Round p's evaluation (waited for), metrics, export, checkpoint and progress line."""
+    nonlocal state, completed, last_test
+    values, test = p.values, {}
+    if p.evaluation is not None:
+      with timer('evaluation'):  # An overlapped one: the time waited for it.
+        test = last_test = p.evaluation.result()
+      values.update({k: v for k, v in test.items() if np.isscalar(v)})
+      for i, a in enumerate(test.get('per_client_test_accuracy', [])):
+        values[f'client_{i}_test_accuracy'] = a
+      acc = np.float64(test.get('test_accuracy', -1.0))
+      state['last_accuracy'] = acc
+      if acc > state['best_accuracy']:
+        state['best_accuracy'], state['best_round'] = acc, p.round_num
+    if on_round_end is not None:
+      with guard('collapse'):
+        extra = on_round_end(p.round_num, p.server_state)
+      if extra:
+        values.update(extra)
+    with guard('metrics.csv'), timer('metrics'):  # and tensorboard/
+      metrics_io.release(values, p.round_num)
+    if loop.export_every and p.round_num % loop.export_every == 0:
+      with guard(os.path.join('export', f'round_{p.round_num}')), timer('export'):
+        export_fn(algorithm.global_weights(p.server_state),
+                  os.path.join(output_dir, 'export', f'round_{p.round_num}'), None)
+    state = {'round': p.round_num, 'server_state': p.server_state,
+             'best_accuracy': np.float64(state['best_accuracy']),
+             'best_round': int(state['best_round']),
+             'last_accuracy': np.float64(state['last_accuracy'])}
+    with guard(os.path.join('checkpoints', f'round_{p.round_num}')), timer('checkpoints'):
+      store.save_manifest(manifest(p.round_num), prune=False)
+      asyncio.run(ckpt.save(state, p.round_num))  # The commit point of the round.
+    completed = p.round_num
+    with guard('checkpoints'), timer('checkpoints'):
+      # Prune client states no kept checkpoint refers to (this one and the previous one).
+      store.save_manifest(manifest(p.round_num), prune=True,
+                          keep=store.read_manifest(manifest(p.round_num - 1)))
+    stale = manifest(p.round_num - 2)
+    if os.path.exists(stale):
+      os.remove(stale)
+    steady = times[1:] or times
+    eta = (loop.rounds - p.round_num) * float(np.median(steady))
+    line = (f'round {p.round_num}/{loop.rounds}  clients {p.num_clients}  '
+            f'train_loss {values["train_loss"]:.4f}  train_acc {values["train_accuracy"]:.4f}  '
+            f'reg {values["train_regularizer"]:.4f}')
+    if test:
+      line += f'  test_acc {float(test.get("test_accuracy", float("nan"))):.4f}'
+    if 'aggregator/dp_epsilon' in values:
+      line += f'  epsilon {values["aggregator/dp_epsilon"]:.3g}'
+    line += f'  {p.round_time:.1f}s  ETA {_fmt_eta(eta)}'
+    log(line)
+
   try:
-    times = []
-    last_test = {}
-    for round_num in range(start_round, loop.rounds + 1):
-      clients = sample_clients(loop.num_clients, loop.clients_per_round, loop.seed, round_num)
-      client_inputs = [(str(c), client_seed(loop.seed, round_num, c)) for c in clients]
-      ids = [cid for cid, _ in client_inputs]
-      if check_clients is not None:
-        check_clients(ids)
-      with timer('client_states'):
-        client_states = store.load_many(ids)
-      with guard('local_models'):
-        pre_round = (before_round(round_num, server_state, client_inputs, client_states)
-                     if before_round is not None else None)
-      t0 = time.perf_counter()  # Round time: the federated round alone.
-      # The first round of an invocation traces and compiles: timed apart from the steady ones.
-      with timer('first_round' if round_num == start_round else 'steady_rounds'):
-        server_state, new_states, train_metrics = runtime.run_round(server_state, client_inputs,
-                                                                    client_states)
-      loss = float(train_metrics.get('loss_sum', 0.0))
-      if not math.isfinite(loss) or not is_finite_weights(algorithm.global_weights(server_state)):
-        what = 'training loss' if not math.isfinite(loss) else 'global model weights'
-        raise NonFiniteError(
-            f'round {round_num}: the {what} became non-finite (NaN or inf); stopped without '
-            'saving it. ' + (f'The checkpoint of round {round_num - 1} is kept. '
-                             if round_num > 1 else '') +
-            'Lower --client_lr (or the regulariser/algorithm coefficients) and start a new '
-            '--output_dir.')
-      with guard('client_states'), timer('client_states'):
-        store.save_many(ids, new_states, round_num)
-      round_time = time.perf_counter() - t0
-      values = summarize_train_metrics(train_metrics)
-      values['round_time_s'] = round_time
-      if pre_round:
-        values.update(pre_round)
-      weights = algorithm.global_weights(server_state)
-      test = {}
-      if round_num % max(loop.eval_every, 1) == 0 or round_num == loop.rounds:
-        with timer('evaluation'):
-          test = last_test = evaluate_fn(server_state, round_num)
-        values.update({k: v for k, v in test.items() if np.isscalar(v)})
-        for i, a in enumerate(test.get('per_client_test_accuracy', [])):
-          values[f'client_{i}_test_accuracy'] = a
-        acc = np.float64(test.get('test_accuracy', -1.0))
-        state['last_accuracy'] = acc
-        if acc > state['best_accuracy']:
-          state['best_accuracy'], state['best_round'] = acc, round_num
-      if on_round_end is not None:
-        with guard('collapse'):
-          extra = on_round_end(round_num, server_state)
-        if extra:
-          values.update(extra)
-      with guard('metrics.csv'), timer('metrics'):  # and tensorboard/
-        metrics_io.release(values, round_num)
-      if loop.export_every and round_num % loop.export_every == 0:
-        with guard(os.path.join('export', f'round_{round_num}')), timer('export'):
-          export_fn(weights, os.path.join(output_dir, 'export', f'round_{round_num}'), None)
-      state = {'round': round_num, 'server_state': server_state,
-               'best_accuracy': np.float64(state['best_accuracy']),
-               'best_round': int(state['best_round']),
-               'last_accuracy': np.float64(state['last_accuracy'])}
-      with guard(os.path.join('checkpoints', f'round_{round_num}')), timer('checkpoints'):
-        store.save_manifest(manifest(round_num), prune=False)
-        asyncio.run(ckpt.save(state, round_num))  # The commit point of the round.
-      completed = round_num
-      with guard('checkpoints'), timer('checkpoints'):
-        # Prune client states no kept checkpoint refers to (this one and the previous one).
-        store.save_manifest(manifest(round_num), prune=True,
-                            keep=store.read_manifest(manifest(round_num - 1)))
-      stale = manifest(round_num - 2)
-      if os.path.exists(stale):
-        os.remove(stale)
-      times.append(round_time)
-      steady = times[1:] or times
-      eta = (loop.rounds - round_num) * float(np.median(steady))
-      line = (f'round {round_num}/{loop.rounds}  clients {len(clients)}  '
-              f'train_loss {values["train_loss"]:.4f}  train_acc {values["train_accuracy"]:.4f}  '
-              f'reg {values["train_regularizer"]:.4f}')
-      if test:
-        line += f'  test_acc {float(test.get("test_accuracy", float("nan"))):.4f}'
-      if 'aggregator/dp_epsilon' in values:
-        line += f'  epsilon {values["aggregator/dp_epsilon"]:.3g}'
-      line += f'  {round_time:.1f}s  ETA {_fmt_eta(eta)}'
-      log(line)
+    try:
+      for round_num in range(start_round, loop.rounds + 1):
+        clients = sample_clients(loop.num_clients, loop.clients_per_round, loop.seed, round_num)
+        client_inputs = [(str(c), client_seed(loop.seed, round_num, c)) for c in clients]
+        ids = [cid for cid, _ in client_inputs]
+        if check_clients is not None:
+          check_clients(ids)
+        with timer('client_states'):
+          client_states = store.load_many(ids)  # Those `pending` saved: the store is up to date.
+        with guard('local_models'):
+          pre_round = (before_round(round_num, server_state, client_inputs, client_states)
+                       if before_round is not None else None)
+        t0 = time.perf_counter()  # Round time: the federated round alone.
+        # The first round of an invocation traces and compiles: timed apart from the steady ones.
+        with timer('first_round' if round_num == start_round else 'steady_rounds'):
+          server_state, new_states, train_metrics = runtime.run_round(server_state, client_inputs,
+                                                                      client_states)
+        round_time = time.perf_counter() - t0
+        if pending is not None:  # Before this round's client states are written.
+          p, pending = pending, None
+          commit(p)
+        loss = float(train_metrics.get('loss_sum', 0.0))
+        if not math.isfinite(loss) or not is_finite_weights(algorithm.global_weights(server_state)):
+          what = 'training loss' if not math.isfinite(loss) else 'global model weights'
+          raise NonFiniteError(
+              f'round {round_num}: the {what} became non-finite (NaN or inf); stopped without '
+              'saving it. ' + (f'The checkpoint of round {round_num - 1} is kept. '
+                               if round_num > 1 else '') +
+              'Lower --client_lr (or the regulariser/algorithm coefficients) and start a new '
+              '--output_dir.')
+        with guard('client_states'), timer('client_states'):
+          store.save_many(ids, new_states, round_num)
+        times.append(round_time)
+        values = summarize_train_metrics(train_metrics)
+        values['round_time_s'] = round_time
+        if pre_round:
+          values.update(pre_round)
+        trained = _Trained(round_num, server_state, values, round_time, len(clients))
+        if round_num % max(loop.eval_every, 1) == 0 or round_num == loop.rounds:
+          # Overlapped when a round follows in this invocation and an evaluation already ran (the
+          # first one traces the evaluator, in this thread, as the runtime traces in it).
+          if overlap and round_num < loop.rounds and last_test:
+            trained.evaluation = evaluations.submit(evaluate_fn, server_state, round_num)
+            pending = trained
+            continue
+          with timer('evaluation'):
+            trained.evaluation = _done(evaluate_fn(server_state, round_num))
+        commit(trained)
+    finally:  # Also when a round fails or is interrupted: the evaluated round is committed first.
+      if pending is not None:
+        p, pending = pending, None
+        commit(p)
   except KeyboardInterrupt:
     raise Interrupted(_completed_round(output_dir)) from None
+  finally:
+    if evaluations is not None:
+      evaluations.shutdown(wait=True, cancel_futures=True)
   with guard('export'), timer('export'):
     summary = _finish(algorithm, store, loop, output_dir, evaluate_fn, export_fn, server_state,
                       state, last_test)
