@@ -24,6 +24,19 @@ transfer, the function's instantiation; TFF's serialisation) is the intercept of
 against steps per client: (T(1) S - T(S)) / (S - 1) / clients, with T the round's CPU time (this
 process and TFF's worker_binary) and S = --round_steps.
 
+mode=reference: the project's client step against the reference's (bytedance/FedDecorr: its own
+network and the body of its local-training loop, bench/reference_step_worker.py) in a persistent
+PyTorch process, both alive at once, blocks of --steps steps alternating (order rotated every
+repeat), batch 64 of 32x32 in memory, lr 0.01, momentum 0.9, weight decay 1e-5, FedDecorr
+coefficient --beta on both sides (0: issue 23's FedAvg). Ours twice: one client alone, and two
+clients at once in two threads, each in its own workspace, as `--runtime=tf` trains a round on a
+2-core CPU (per-step time = the block's time / (2 x steps)). Printed: per-step CPU and wall time of
+each and the median over repeats of ours / reference per repeat. resnet20 and mobilenet_v2_cifar
+(the reference's resnet20 and mobilenetv2).
+
+  .venv/bin/python -m bench.step_speed --mode=reference --models=resnet20,mobilenet_v2_cifar \
+      --beta=0 --steps=6 --repeats=6
+
 mode=perturbation (not a timing): how fast SGD amplifies a small change, i.e. which differences
 between runtimes or kernels to expect. The embedded default setting (digits, small_cnn, batch 32,
 lr 0.01, momentum 0.9, weight decay 1e-5, one client holding the 1,437 training images) trains
@@ -37,10 +50,12 @@ the end of the run.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 
@@ -58,7 +73,7 @@ from tff_decorr.algorithms import client_update
 from tff_decorr.algorithms import workspace
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum('mode', 'step', ['step', 'round', 'perturbation'],
+flags.DEFINE_enum('mode', 'step', ['step', 'round', 'perturbation', 'reference'],
                   'What to measure (see the module docstring).')
 flags.DEFINE_list('models', ['small_cnn', 'resnet20', 'mobilenet_v2_cifar', 'resnet18',
                              'alexnet_bn'], 'Models (tff_decorr.models names).')
@@ -73,6 +88,11 @@ flags.DEFINE_list('runtimes', ['tf', 'tff'], 'Runtimes to time (mode=round).')
 flags.DEFINE_integer('max_concurrent_computation_calls', -1,
                      "TFF worker's concurrent computations (mode=round; -1: unlimited).")
 flags.DEFINE_float('perturbation', 1e-7, 'Size of the initial-weight change (mode=perturbation).')
+flags.DEFINE_string('reference_dir', '/tmp/FedDecorr',
+                    'Checkout of bytedance/FedDecorr (mode=reference).')
+flags.DEFINE_string('torch_python', '/tmp/torchenv/bin/python',
+                    'Python of the PyTorch environment (mode=reference; bench/reference_main.py '
+                    'says how to install it).')
 flags.DEFINE_string('suffix', '', 'Appended to the output name: step_speed[_round]_<suffix>.json.')
 
 _IMAGE_SIZE = {'resnet18': 64, 'alexnet_bn': 64}
@@ -247,6 +267,96 @@ def run_step_mode():
   return results, lines
 
 
+_REFERENCE_MODEL = {'resnet20': 'resnet20', 'mobilenet_v2_cifar': 'mobilenetv2'}
+
+
+class _ReferenceStep:
+  """The reference's step in a persistent PyTorch process (bench/reference_step_worker.py)."""
+
+  def __init__(self, name):
+    worker = os.path.join(_common.ROOT, 'bench', 'reference_step_worker.py')
+    self.proc = subprocess.Popen(
+        [FLAGS.torch_python, worker, f'--reference_dir={FLAGS.reference_dir}',
+         f'--model={_REFERENCE_MODEL[name]}', f'--batch_size={FLAGS.batch_size}',
+         f'--batches={FLAGS.steps}', f'--coef={FLAGS.beta}'],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    self.info = json.loads(self.proc.stdout.readline())
+
+  def __call__(self, steps):
+    self.proc.stdin.write(f'{steps}\n')
+    self.proc.stdin.flush()
+    out = json.loads(self.proc.stdout.readline())
+    return out['cpu_s'], out['wall_s']
+
+  def close(self):
+    self.proc.stdin.close()
+    self.proc.wait(timeout=60)
+
+
+def run_reference_mode():
+  missing = [p for p in (FLAGS.torch_python, os.path.join(FLAGS.reference_dir, 'networks'))
+             if not os.path.exists(p)]
+  if missing:
+    raise app.UsageError(f'--mode=reference needs {", ".join(missing)}: see '
+                         'bench/reference_main.py for the PyTorch environment and the checkout '
+                         '(--torch_python, --reference_dir).')
+  unsupported = [m for m in FLAGS.models if m not in _REFERENCE_MODEL]
+  if unsupported:
+    raise app.UsageError(f'--models: the reference has no {", ".join(unsupported)}; choose from '
+                         f'{", ".join(_REFERENCE_MODEL)}.')
+  results, lines = {'models': {}}, []
+  pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+  for name in FLAGS.models:
+    load0 = os.getloadavg()
+    ref = _ReferenceStep(name)
+    one, pair = _ClientStep(name, FLAGS.steps), [_ClientStep(name, FLAGS.steps) for _ in range(2)]
+    for fn in [one] + pair:  # tracing, in this thread
+      fn()
+    ref(FLAGS.steps)
+
+    def two_clients():
+      for f in [pool.submit(fn) for fn in pair]:
+        f.result()
+
+    variants = {'ours_one_client': (lambda: _timed(one), 1),
+                'ours_two_clients': (lambda: _timed(two_clients), 2),
+                'reference': (lambda: ref(FLAGS.steps), 1)}
+    times = {k: [] for k in variants}
+    order = list(variants)
+    for r in range(FLAGS.repeats):
+      for k in order[r % 3:] + order[:r % 3]:
+        time.sleep(0.5)  # The other side's threads stop spinning before a block starts.
+        fn, clients = variants[k]
+        cpu, wall = fn()
+        times[k].append((cpu / (clients * FLAGS.steps), wall / (clients * FLAGS.steps)))
+    ref.close()
+    med = {k: (statistics.median(c for c, _ in v), statistics.median(w for _, w in v))
+           for k, v in times.items()}
+    ratios = {k: {'cpu': statistics.median(a[0] / b[0] for a, b in zip(times[k],
+                                                                       times['reference'])),
+                  'wall': statistics.median(a[1] / b[1] for a, b in zip(times[k],
+                                                                        times['reference']))}
+              for k in ('ours_one_client', 'ours_two_clients')}
+    results['models'][name] = {
+        'reference_worker': ref.info, 'median_cpu_s_per_step': {k: v[0] for k, v in med.items()},
+        'median_wall_s_per_step': {k: v[1] for k, v in med.items()},
+        'per_repeat_cpu_wall_s_per_step': times, 'ratio_to_reference': ratios,
+        'loadavg_start_end': [load0[0], os.getloadavg()[0]]}
+    line = (f'{name}: reference {med["reference"][0]:.3f} CPU-s {med["reference"][1]:.3f} wall-s '
+            f'per step ({ref.info["threads"]} torch threads); ours, one client '
+            f'{med["ours_one_client"][0]:.3f} CPU-s {med["ours_one_client"][1]:.3f} wall-s '
+            f'(ratio CPU {ratios["ours_one_client"]["cpu"]:.2f}, wall '
+            f'{ratios["ours_one_client"]["wall"]:.2f}); two clients at once '
+            f'{med["ours_two_clients"][0]:.3f} CPU-s {med["ours_two_clients"][1]:.3f} wall-s a '
+            f'step (ratio CPU {ratios["ours_two_clients"]["cpu"]:.2f}, wall '
+            f'{ratios["ours_two_clients"]["wall"]:.2f}); load {load0[0]:.2f} -> '
+            f'{os.getloadavg()[0]:.2f}')
+    lines.append(line)
+    print(line, flush=True)
+  pool.shutdown()
+  return results, lines
+
+
 def _round_dataset_fn(name, steps):
   shape, classes = _shape(name)
   n = steps * FLAGS.batch_size
@@ -378,13 +488,15 @@ def main(argv):
   if unknown:
     raise app.UsageError(f'--models: unknown {", ".join(unknown)}; choose from '
                          f'{", ".join(models.names())}.')
-  modes = {'step': run_step_mode, 'round': run_round_mode, 'perturbation': run_perturbation_mode}
+  modes = {'step': run_step_mode, 'round': run_round_mode, 'perturbation': run_perturbation_mode,
+           'reference': run_reference_mode}
   results, lines = modes[FLAGS.mode]()
   results.update(
       command=' '.join(['.venv/bin/python -m bench.step_speed'] + sys.argv[1:]),
       settings={k: FLAGS[k].value for k in ('mode', 'models', 'batch_size', 'steps', 'repeats',
                                             'beta', 'jit', 'clients', 'round_steps',
-                                            'runtimes', 'max_concurrent_computation_calls')},
+                                            'runtimes', 'max_concurrent_computation_calls',
+                                            'reference_dir', 'torch_python')},
       summary=lines, machine=_machine(load_start))
   name = 'step_speed' + (f'_{FLAGS.mode}' if FLAGS.mode != 'step' else '')
   name += f'_{FLAGS.suffix}' if FLAGS.suffix else ''
