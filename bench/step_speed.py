@@ -22,7 +22,13 @@ mode=round: a whole round of --clients clients (FedAvg + FedDecorr) under --runt
 setting and 1 batch in the other. The per-client fixed cost (dataset construction, call, state
 transfer, the function's instantiation; TFF's serialisation) is the intercept of round time
 against steps per client: (T(1) S - T(S)) / (S - 1) / clients, with T the round's CPU time (this
-process and TFF's worker_binary) and S = --round_steps.
+process and TFF's worker_binary) and S = --round_steps. `--round_data=shards` gives each client
+its data as a training run does (random uint8 images in one shard file per client, read,
+normalised and augmented by the cifar10 task's client dataset, tasks/client_data.py), so the
+intercept includes reading the shard and building the batches:
+
+  .venv/bin/python -m bench.step_speed --mode=round --models=small_cnn --batch_size=10 \
+      --clients=50 --round_steps=5 --round_data=shards --repeats=5 --suffix=cross_device
 
 mode=reference: the project's client step against the reference's (bytedance/FedDecorr: its own
 network and the body of its local-training loop, bench/reference_step_worker.py) in a persistent
@@ -55,8 +61,10 @@ import json
 import os
 import platform
 import statistics
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 from tff_decorr import tf_env  # pylint: disable=g-bad-import-order,unused-import  (before TF)
@@ -85,6 +93,10 @@ flags.DEFINE_bool('jit', False, 'Compile the client step with XLA (jit_compile=T
 flags.DEFINE_integer('clients', 10, 'Clients per round (mode=round).')
 flags.DEFINE_integer('round_steps', 5, 'Batches per client in the long round (mode=round).')
 flags.DEFINE_list('runtimes', ['tf', 'tff'], 'Runtimes to time (mode=round).')
+flags.DEFINE_enum('round_data', 'synthetic', ['synthetic', 'shards'],
+                  'mode=round: clients of float tensors made in the dataset function (synthetic), '
+                  'or the product\'s own path (shards): uint8 images in one shard file per client, '
+                  'read, preprocessed and augmented by the cifar10 task\'s client dataset.')
 flags.DEFINE_integer('max_concurrent_computation_calls', -1,
                      "TFF worker's concurrent computations (mode=round; -1: unlimited).")
 flags.DEFINE_float('perturbation', 1e-7, 'Size of the initial-weight change (mode=perturbation).')
@@ -371,6 +383,26 @@ def _round_dataset_fn(name, steps):
   return fn
 
 
+def _shard_dataset_fn(name, steps, root):
+  """Clients of `steps` batches of random uint8 images in shard files, through the cifar10 task's
+  client dataset (what a training run reads)."""
+  from tasks import client_data  # pylint: disable=g-import-not-at-top
+  from tasks import registry  # pylint: disable=g-import-not-at-top
+  task = registry.get('cifar10')
+  shape, classes = _shape(name)
+  if tuple(shape) != tuple(task.input_shape) or classes != task.num_classes:
+    raise app.UsageError(f'--round_data=shards uses the cifar10 task: {name} takes {shape} with '
+                         f'{classes} classes; choose a 32x32 model with 10 classes.')
+  n = steps * FLAGS.batch_size
+  rng = np.random.RandomState(steps)
+  images = rng.randint(0, 256, (FLAGS.clients * n, *shape)).astype(np.uint8)
+  labels = rng.randint(0, classes, FLAGS.clients * n).astype(np.int64)
+  parts = [np.arange(c * n, (c + 1) * n) for c in range(FLAGS.clients)]
+  shard_dir = os.path.join(root, f'{name}_{steps}')
+  client_data.write_client_shards(images, labels, parts, shard_dir, log=lambda s: None)
+  return task.client_dataset_fn(shard_dir, batch_size=FLAGS.batch_size, epochs=1)
+
+
 def run_round_mode():
   from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
   from tff_decorr.runtimes import tf_runtime  # pylint: disable=g-import-not-at-top
@@ -385,9 +417,11 @@ def run_round_mode():
     runners = {}
     # TFF's computations first: tracing them after the in-process runtime built its Keras models
     # fails in Keras ("invalid state"), as in tests/runtimes_test.py's order.
+    shard_root = tempfile.mkdtemp(prefix='step_speed_shards_')
     for rt_name in sorted(FLAGS.runtimes, key=lambda r: r != 'tff'):
       for steps in (1, s_long):
-        fn = _round_dataset_fn(name, steps)
+        fn = (_shard_dataset_fn(name, steps, shard_root) if FLAGS.round_data == 'shards'
+              else _round_dataset_fn(name, steps))
         rt = (tf_runtime.TfRuntime(alg, fn) if rt_name == 'tf'
               else tff_runtime.TffRuntime(alg, fn))
         runners[(rt_name, steps)] = [rt, rt.initialize(), 0]
@@ -435,6 +469,7 @@ def run_round_mode():
       print(line, flush=True)
     entry['loadavg_start_end'][1] = os.getloadavg()[0]
     results['models'][name] = entry
+    shutil.rmtree(shard_root, ignore_errors=True)
   if 'tff' in FLAGS.runtimes:
     tff_context.stop_all()
   return results, lines
@@ -496,7 +531,7 @@ def main(argv):
       settings={k: FLAGS[k].value for k in ('mode', 'models', 'batch_size', 'steps', 'repeats',
                                             'beta', 'jit', 'clients', 'round_steps',
                                             'runtimes', 'max_concurrent_computation_calls',
-                                            'reference_dir', 'torch_python')},
+                                            'reference_dir', 'torch_python', 'round_data')},
       summary=lines, machine=_machine(load_start))
   name = 'step_speed' + (f'_{FLAGS.mode}' if FLAGS.mode != 'step' else '')
   name += f'_{FLAGS.suffix}' if FLAGS.suffix else ''
