@@ -77,7 +77,7 @@ class ProgramTest(absltest.TestCase):
     self.dir = tempfile.mkdtemp()
 
   def run_program(self, runtime, rounds, check_clients=None, clients_per_round=2, log=None,
-                  evaluate=None, export=None):
+                  evaluate=None):
     store = client_state.ClientStateStore(os.path.join(self.dir, 'client_states'),
                                           initial_fn=lambda: {'visits': np.int32(0)})
     loop = program.LoopConfig(rounds=rounds, num_clients=4, clients_per_round=clients_per_round,
@@ -86,7 +86,7 @@ class ProgramTest(absltest.TestCase):
     exported = []
     summary = program.run(runtime=runtime, algorithm=StubAlgorithm(), store=store, loop=loop,
                           output_dir=self.dir, evaluate_fn=evaluate,
-                          export_fn=export or (lambda w, d, meta: exported.append(d)),
+                          export_fn=lambda w, d, meta: exported.append(d),
                           check_clients=check_clients, log=log or (lambda s: None))
     return summary, store
 
@@ -153,28 +153,18 @@ class ProgramTest(absltest.TestCase):
         event(int(server_state['weights'][0][0]) + 1).set()
         return super().run_round(server_state, client_inputs, client_states)
 
-    overlapped, in_thread = {}, {}
-    final_export = threading.Event()
+    overlapped = {}
 
     def evaluate(state, r):
       del state
-      in_thread[r] = threading.current_thread() is not threading.main_thread()
-      # Round r's evaluation finishes only once round r+1 has started (the last round's: once the
-      # final model's export has been written).
-      if in_thread[r]:
-        overlapped[r] = (event(r + 1) if r < 4 else final_export).wait(timeout=60)
+      # In the evaluation thread, round r's evaluation finishes only once round r+1 has started.
+      in_thread = threading.current_thread() is not threading.main_thread()
+      overlapped[r] = in_thread and event(r + 1).wait(timeout=60)
       return {'test_accuracy': (22 + r) / 90}
 
-    def export(weights, directory, meta):
-      del weights, meta
-      if directory.endswith(os.path.join('export', 'saved_model')):
-        final_export.set()
-
-    summary, _ = self.run_program(Runtime(), rounds=4, evaluate=evaluate, export=export)
-    # The first evaluation (it traces the evaluator) runs in the loop's thread, the others beside
-    # the next round or, for the last round, beside the final export.
-    self.assertEqual(in_thread, {1: False, 2: True, 3: True, 4: True})
-    self.assertEqual(overlapped, {2: True, 3: True, 4: True})
+    summary, _ = self.run_program(Runtime(), rounds=4, evaluate=evaluate)
+    # The first evaluation (tracing the evaluator) and the last round's run in the loop's thread.
+    self.assertEqual(overlapped, {1: False, 2: True, 3: True, 4: False})
     self.assertEqual(summary['final_test_accuracy'], 26 / 90)
     ckpt = os.path.join(self.dir, 'checkpoints')
     # Round 3 was committed after round 4 trained: its manifest still names round 3's states.

@@ -16,8 +16,8 @@ training leaves idle. The round is committed (metrics, export, checkpoint, its p
 its evaluation is done, after the next round has trained and before that round's client states are
 written, so every checkpoint still names exactly its own round's client states. If the next round
 fails or is interrupted, the evaluated round is committed first: a failure still leaves the last
-trained round checkpointed. The last round's evaluation runs beside the final model's export; the
-first evaluation of an invocation runs in the loop's own thread (it traces the evaluator).
+trained round checkpointed. The first evaluation of an invocation, and the last round's, run in
+the loop's own thread (the first traces the evaluator).
 """
 
 from __future__ import annotations
@@ -484,7 +484,6 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
   times = []
   last_test = {}
   pending = None  # The trained round whose evaluation runs while the next round trains.
-  exported = False  # The final model's export, written while the last round was evaluated.
 
   def commit(p: _Trained):
     """Round p's evaluation (waited for), metrics, export, checkpoint and progress line."""
@@ -578,21 +577,14 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
           values.update(pre_round)
         trained = _Trained(round_num, server_state, values, round_time, len(clients))
         if round_num % max(loop.eval_every, 1) == 0 or round_num == loop.rounds:
-          # In the evaluation thread once an evaluation has run here (the first one traces the
-          # evaluator, in this thread, where the runtime and the export trace too).
-          if overlap and last_test:
+          # Overlapped when a round follows in this invocation and an evaluation already ran (the
+          # first one traces the evaluator, in this thread, as the runtime traces in it).
+          if overlap and round_num < loop.rounds and last_test:
             trained.evaluation = evaluations.submit(evaluate_fn, server_state, round_num)
-            if round_num < loop.rounds:
-              pending = trained
-              continue
-            # The last round: the final model is exported while it is evaluated (the export is
-            # mostly Python, the evaluation TensorFlow's kernels).
-            with guard('export'), timer('export'):
-              _export_global(algorithm, server_state, output_dir, export_fn)
-            exported = True
-          else:
-            with timer('evaluation'):
-              trained.evaluation = _done(evaluate_fn(server_state, round_num))
+            pending = trained
+            continue
+          with timer('evaluation'):
+            trained.evaluation = _done(evaluate_fn(server_state, round_num))
         commit(trained)
     finally:  # Also when a round fails or is interrupted: the evaluated round is committed first.
       if pending is not None:
@@ -604,8 +596,6 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
     if evaluations is not None:
       evaluations.shutdown(wait=True, cancel_futures=True)
   with guard('export'), timer('export'):
-    if not exported:
-      _export_global(algorithm, server_state, output_dir, export_fn)
     summary = _finish(algorithm, store, loop, output_dir, evaluate_fn, export_fn, server_state,
                       state, last_test)
   with guard('tensorboard'), timer('metrics'):
@@ -621,17 +611,12 @@ def _completed_round(output_dir: str) -> int:
   return int(max(versions)) if versions else 0
 
 
-def _export_global(algorithm, server_state, output_dir, export_fn):
-  """The final global model as a SavedModel in <output_dir>/export/saved_model."""
-  export_fn(algorithm.global_weights(server_state),
-            os.path.join(output_dir, 'export', 'saved_model'),
-            {'personalized': bool(algorithm.personalized)})
-
-
 def _finish(algorithm, store, loop, output_dir, evaluate_fn, export_fn, server_state, state,
             last_test):
-  """Exports the clients' own models (personalised algorithms) and returns the summary."""
+  """Exports the final model(s) and returns the summary."""
+  final_weights = algorithm.global_weights(server_state)
   export_dir = os.path.join(output_dir, 'export', 'saved_model')
+  export_fn(final_weights, export_dir, {'personalized': bool(algorithm.personalized)})
   summary = {
       'final_test_accuracy': float(state['last_accuracy']),
       'final_round': int(state['round']),
