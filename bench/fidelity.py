@@ -254,6 +254,16 @@ def _algorithms_table():
   if os.path.exists(path):  # Cells of earlier invocations are kept; this one's replace theirs.
     with open(path) as f:
       report = json.load(f)
+  for key, cell in results.items():  # A side not run now is kept from the same setting's cell.
+    old = report['results'].get(key, {})
+    same = {'project': old.get('project_settings') == cell['project_settings'],
+            'reference': old.get('reference_argv') == cell['reference_argv']}
+    for side in ('project', 'reference'):
+      if side not in cell and side in old and same[side] and old.get('seeds') == cell['seeds']:
+        cell[side] = old[side]
+    if 'project' in cell and 'reference' in cell:
+      cell['difference'] = cell['project']['mean'] - cell['reference']['mean']
+      cell['within_reference_std'] = abs(cell['difference']) <= cell['reference']['std']
   report['results'].update(results)
   report.update(wall_time_s=time.time() - t0, load_avg_end=os.getloadavg())
   os.makedirs(os.path.dirname(path), exist_ok=True)

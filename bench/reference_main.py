@@ -15,7 +15,7 @@ code from its own checkout, on the shared CIFAR-10 (10,000 train images in offic
 
      python3.11 -m venv /tmp/torchenv
      /tmp/torchenv/bin/pip install torch==2.1.2 numpy==1.25.2
-     /tmp/torchenv/bin/pip install --no-deps torchvision==0.16.2 pillow==10.1.0 \
+     /tmp/torchenv/bin/pip install --no-deps torchvision==0.16.2 pillow==10.1.0 scipy==1.11.4 \
          requests==2.31.0 urllib3==2.1.0 idna==3.6 charset-normalizer==3.3.2 certifi==2023.11.17
      nice -n 19 /tmp/torchenv/bin/python bench/reference_main.py --reference_dir=/tmp/FedDecorr \
          --data=/tmp/ref_cifar10.npz --out=/tmp/ref.json -- <main.py arguments>
@@ -23,7 +23,8 @@ code from its own checkout, on the shared CIFAR-10 (10,000 train images in offic
    or, instead of `-- <main.py arguments>`, `--algorithm=fedprox --seed=1 [--rounds=10]
    [--alpha=0.05] [--regularizer=feddecorr]`: issue 23's arguments for that algorithm
    (`issue23_args`, `reference_argv` below). torchvision 0.16.2 is the release made for torch
-   2.1.2; it is installed without dependencies (so pip cannot replace torch), which is why Pillow
+   2.1.2; it is installed without dependencies (so pip cannot replace torch), which is why SciPy
+   (the reference's data_aug_utils.py imports it), Pillow
    (the reference's transforms use it) and requests (torchvision imports it) are listed.
 
 Issue 23's setting, as main.py spells it (`issue23_args`): --model=resnet20 --dataset=cifar10
@@ -153,9 +154,10 @@ ALGORITHMS = {
                        'the reference also steps num_batches_tracked; the project clamps '
                        'moving variances at 0'),
     # cifar10_fedexp.sh --eps=1e-3 (also the default).
-    'fedexp': Mapping('fedexp', ('--eps=0.001',), {'fedexp_eps': 0.001, 'fedexp_bn': 'reference'},
-                      True, 'the reference\'s eta_g includes BN\'s num_batches_tracked, which '
-                      'holds it near 1 (docs/reference.md §5); Keras has no such counter'),
+    'fedexp': Mapping('fedexp', ('--eps=0.001',), {'fedexp_eps': 0.001, 'fedexp_bn': 'reference',
+                                                   'fedexp_step_counters': True},
+                      True, 'both sides\' eta_g include BN\'s num_batches_tracked (the project '
+                      'adds their terms, Keras has no such counter), which holds it near 1'),
     # cifar10_fedlogitcal.sh --calibration_temp=0.1 (also the default).
     'fedlc': Mapping('fedlogitcal', ('--calibration_temp=0.1',), {'fedlc_tau': 0.1}, False),
     # cifar10_rs.sh --restricted_strength=0.5 (also the default).

@@ -320,39 +320,51 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
       assert_lists_close(self, state['m'], m, atol=1e-6, rtol=1e-4)
       assert_lists_close(self, state['v'], v, atol=1e-8, rtol=1e-3)
 
-  @parameterized.parameters('reference', 'average')
-  def test_fedexp_matches_numpy_over_three_rounds(self, bn):
+  @parameterized.product(bn=['reference', 'average'], step_counters=[True, False])
+  def test_fedexp_matches_numpy_over_three_rounds(self, bn, step_counters):
     # eta_g = max(1, sum_i p_i |Delta_i|^2 / (2 (|sum_i p_i Delta_i|^2 + eps))); x += eta_g avg.
+    # step_counters: both norms also hold PyTorch BN's num_batches_tracked, whose delta is the
+    # client's step count K_i in each of the model's L BN layers (the reference's whole state_dict).
     eps = 1e-3
-    alg = algorithms.build('fedexp', testing.tiny_model, CFG, eps=eps, bn=bn)
+    alg = algorithms.build('fedexp', testing.tiny_model, CFG, eps=eps, bn=bn,
+                           step_counters=step_counters)
     state = alg.initial_server_state(self.x0)
     x = [w.astype(np.float64) for w in self.x0]
     clients = ['0', '1', '2', '3']
+    layers = sum(isinstance(m, tf.keras.layers.BatchNormalization)
+                 for m in testing.tiny_model().submodules) if step_counters else 0
+    steps = [EPOCHS * -(-SIZES[int(c)] // 4) for c in clients]  # batches of 4, every epoch
+    self.assertEqual([int(local_model(self.x0, c)[2]) for c in clients], steps)
+    self.assertGreater(layers if step_counters else 1, 0)
     etas = []
     for r in range(3):
       state = run(alg, state, clients)[0]
       avg, ys, p = self.numpy_average([w.astype(np.float32) for w in x], clients)
       used = [t or bn == 'reference' for t in alg.spec.trainable]  # in the norms, extrapolated
       deltas = [[y[i] - x[i] for i in range(len(x))] for y in ys]
-      mean_sq = sum(pk * sum(np.sum(dk[i] ** 2) for i in range(len(x)) if used[i])
-                    for pk, dk in zip(p, deltas))
+      mean_sq = sum(pk * (sum(np.sum(dk[i] ** 2) for i in range(len(x)) if used[i])
+                          + layers * k ** 2) for pk, dk, k in zip(p, deltas, steps))
       avg_delta = [a - xi for a, xi in zip(avg, x)]
-      avg_sq = sum(np.sum(avg_delta[i] ** 2) for i in range(len(x)) if used[i])
+      avg_sq = (sum(np.sum(avg_delta[i] ** 2) for i in range(len(x)) if used[i])
+                + layers * sum(pk * k for pk, k in zip(p, steps)) ** 2)
       eta = max(1.0, mean_sq / (2 * (avg_sq + eps)))
+      self.assertAllClose(state['eta_raw'], mean_sq / (2 * (avg_sq + eps)), rtol=1e-4)
       etas.append(eta)
       x = [xi + (eta if used[i] else 1.0) * d for i, (xi, d) in enumerate(zip(x, avg_delta))]
       var = alg.spec.names.index(next(n for n in alg.spec.names if 'moving_variance' in n))
       x[var] = np.maximum(x[var], 0.0)
       self.assertAllClose(state['eta_g'], eta, rtol=1e-4)
       assert_lists_close(self, state['weights'], x, atol=2e-5, rtol=1e-4)
-    if bn == 'reference':  # It extrapolated: not FedAvg. (Here the BN statistics' deltas
-      self.assertGreater(max(etas), 1.05)  # dominate the norms; without them eta_g stays 1.)
+    if bn == 'reference' and not step_counters:  # It extrapolated: not FedAvg. (Here the BN
+      self.assertGreater(max(etas), 1.05)  # statistics' deltas dominate the norms.)
+    if step_counters:  # The counters swamp both norms: eta_g stays at 1 (the reference's FedAvg).
+      self.assertEqual(etas, [1.0, 1.0, 1.0])
 
   def test_fedexp_clamps_an_extrapolated_variance(self):
     # Two clients whose variances straddle the server's: their squared norms are large, the
     # average's small, so eta_g is large and the averaged (lower) variance is extrapolated below
     # zero; the variance is clamped at 0 (NumPy).
-    alg = algorithms.build('fedexp', testing.tiny_model, CFG)
+    alg = algorithms.build('fedexp', testing.tiny_model, CFG, step_counters=False)
     var = alg.spec.names.index(next(n for n in alg.spec.names if 'moving_variance' in n))
     x = [w.astype(np.float32) for w in self.x0]
     d1 = [np.zeros_like(w) for w in x]
@@ -363,7 +375,7 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     d2[var] = np.full_like(x[var], 0.1)
     sq = [sum(float(np.sum(d.astype(np.float64) ** 2)) for d in dk) for dk in (d1, d2)]
     contribution = {'delta': [a + b for a, b in zip(d1, d2)], 'sq_norm': tf.constant(sum(sq)),
-                    'examples': tf.constant(2.0)}
+                    'examples': tf.constant(2.0), 'step_sum': tf.constant(2.0)}
     state = tf.function(alg.server_step)(alg.initial_server_state(self.x0), contribution,
                                          tf.constant(2.0))
     avg_var = -0.2
