@@ -242,9 +242,6 @@ def _algorithms_table():
             cell[side]['mean'], cell[side]['std'] = _stats(cell[side]['accuracy'])
           else:
             del cell[side]
-        if 'project' in cell and 'reference' in cell:
-          cell['difference'] = cell['project']['mean'] - cell['reference']['mean']
-          cell['within_reference_std'] = abs(cell['difference']) <= cell['reference']['std']
         results[f'{alpha}/{alg}/{reg}'] = cell
   name = 'fidelity_algorithms' + ('' if FLAGS.rounds == 10 else f'_r{FLAGS.rounds}') + '.json'
   path = os.path.join(_ROOT, 'bench', 'results', name)
@@ -254,7 +251,8 @@ def _algorithms_table():
   if os.path.exists(path):  # Cells of earlier invocations are kept; this one's replace theirs.
     with open(path) as f:
       report = json.load(f)
-  for key, cell in results.items():  # A side not run now is kept from the same setting's cell.
+  for key, cell in results.items():  # A side not run now is kept from the same setting's cell;
+    # then the two sides are compared.
     old = report['results'].get(key, {})
     same = {'project': old.get('project_settings') == cell['project_settings'],
             'reference': old.get('reference_argv') == cell['reference_argv']}

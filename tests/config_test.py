@@ -194,6 +194,8 @@ class ConfigTest(absltest.TestCase):
   def test_each_value_is_checked_where_it_is_declared(self):
     with self.assertRaisesRegex(ValueError, '--fedprox_mu: must be >= 0.0'):
       resolve(algorithm='fedprox', fedprox_mu=-1.0)
+    with self.assertRaisesRegex(ValueError, '--fedexp_step_counters: must be true or false'):
+      resolve(algorithm='fedexp', fedexp_step_counters='yes')
     with self.assertRaisesRegex(ValueError, '--dirichlet_alpha: must be > 0.0'):
       resolve(dirichlet_alpha=0.0)
     with self.assertRaisesRegex(ValueError, '--fedavgm_server_lr applies only'):

@@ -8,9 +8,10 @@ extrapolates along the averaged update:
 eta_g is the paper's; the weights p_i are the reference's (examples, as its FedAvg), eps = 1e-3
 (the reference's default and run script, the paper's value for its image tasks).
 Uploads: n_i Delta_i (a delta, `upload = 'delta'`), and beside it, summed exactly (`exact_keys`),
-n_i ||Delta_i||^2, n_i and n_i K_i (K_i: local steps): a factory may aggregate the delta, but the norms must be the clients'
-own. Server state: the weights, the last eta_g and the ratio before its floor of 1, `eta_raw` (for
-inspection: how far the round was from extrapolating; both are recomputed every round).
+n_i ||Delta_i||^2, n_i and n_i K_i (K_i: local steps): a factory may aggregate the delta, but the
+norms must be the clients' own. Server state: the weights, the last eta_g and the ratio before its
+floor of 1, `eta_raw` (for inspection: how far the round was from extrapolating; both are
+recomputed every round).
 
 BN moving statistics, `bn`:
 - 'reference' (the default): as the reference, they are part of Delta_i in the norms and are
