@@ -5,6 +5,7 @@ scriptable (a NaN in round k, a Ctrl-C in round k), with the real checkpoint man
 store and run-directory code. End-to-end cases through bin/train are in reliability_cli_test.py.
 """
 
+import asyncio
 import contextlib
 import csv
 import errno
@@ -26,6 +27,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import client_data
+from tff_decorr.run import checkpoint_files
 from tff_decorr.run import cli
 from tff_decorr.run import client_state
 from tff_decorr.run import program
@@ -257,14 +259,15 @@ class ProgramTest(absltest.TestCase):
     self.assertEqual([r['round'] for r in self.metrics_rows()], ['5'])
 
   def test_disk_full_while_checkpointing_keeps_the_previous_round(self):
-    save = tff.program.FileProgramStateManager.save
+    savez = np.savez
 
-    async def full_at_round_3(manager, state, version):
-      if version == 3:
+    def full_at_round_3(file, **arrays):
+      if os.path.basename(os.path.dirname(getattr(file, 'name', ''))).startswith('round_3_temp'):
+        file.write(b'PK')  # Some bytes got out before the disk filled up.
         raise OSError(errno.ENOSPC, 'No space left on device')
-      return await save(manager, state, version)
+      return savez(file, **arrays)
 
-    with mock.patch.object(tff.program.FileProgramStateManager, 'save', full_at_round_3):
+    with mock.patch.object(checkpoint_files.np, 'savez', full_at_round_3):
       with self.assertRaises(program.DiskFullError) as cm:
         self.run_program(StubRuntime(), rounds=4)
     self.assertEqual(str(cm.exception),
@@ -274,6 +277,8 @@ class ProgramTest(absltest.TestCase):
     saved = program.load_checkpoint(self.dir, StubRuntime().initialize())
     self.assertEqual(int(saved['round']), 2)
     np.testing.assert_array_equal(saved['server_state']['weights'][0], [2, 2, 2])
+    self.assertEqual(sorted(n for n in os.listdir(os.path.join(self.dir, 'checkpoints'))
+                            if n.startswith('round_')), ['round_1', 'round_2'])  # no temp left
     runtime = StubRuntime()
     summary, _ = self.run_program(runtime, rounds=4)
     self.assertEqual((runtime.rounds_run, summary['final_round']), ([3, 4], 4))
@@ -311,6 +316,88 @@ class ProgramTest(absltest.TestCase):
         raise RuntimeError('an executor wrapped it') from e
     except RuntimeError as wrapped:
       self.assertTrue(program.is_disk_full(wrapped))
+
+
+class CheckpointFilesTest(absltest.TestCase):
+  """checkpoint_files: one .npz a round, read back bit for bit, damage detected, old runs read."""
+
+  def setUp(self):
+    super().setUp()
+    self.dir = tempfile.mkdtemp()
+    rng = np.random.default_rng(0)
+    self.state = {'round': 3, 'best_accuracy': np.float64(1 / 3), 'best_round': 2,
+                  'last_accuracy': np.float64(-1.0),
+                  'server_state': {'weights': [rng.standard_normal((4, 3)).astype(np.float32),
+                                               np.arange(5, dtype=np.int64)],
+                                   'momentum': [np.float32(0.25) * np.ones(7, np.float32)]}}
+
+  def assert_same(self, loaded, expected):
+    flat_loaded, flat_expected = tf.nest.flatten(loaded), tf.nest.flatten(expected)
+    self.assertLen(flat_loaded, len(flat_expected))
+    for a, b in zip(flat_loaded, flat_expected):
+      self.assertEqual(np.asarray(a).tobytes(), np.asarray(b).tobytes())
+
+  def test_round_trip_is_exact_and_keeps_the_two_newest(self):
+    manager = program.checkpoint_manager(self.dir)
+    for version in (1, 2, 3):
+      asyncio.run(manager.save(self.state, version))
+    ckpt = os.path.join(self.dir, 'checkpoints')
+    self.assertEqual(sorted(os.listdir(ckpt)), ['round_2', 'round_3'])
+    self.assertEqual(os.listdir(os.path.join(ckpt, 'round_3')), ['state.npz'])
+    loaded = program.load_checkpoint(self.dir, self.state['server_state'])
+    self.assert_same(loaded, self.state)
+    self.assertEqual(loaded['best_accuracy'].dtype, np.float64)
+    self.assertEqual(loaded['server_state']['weights'][0].dtype, np.float32)
+    self.assertEqual(program.newest_checkpoint_round(self.dir), 3)
+    with self.assertRaises(tff.program.ProgramStateExistsError):
+      asyncio.run(manager.save(self.state, 3))
+
+  def test_a_changed_byte_is_refused_not_loaded(self):
+    asyncio.run(program.checkpoint_manager(self.dir).save(self.state, 1))
+    path = os.path.join(self.dir, 'checkpoints', 'round_1', 'state.npz')
+    with open(path, 'rb') as f:
+      data = bytearray(f.read())
+    weights = self.state['server_state']['weights'][0].tobytes()
+    at = data.index(weights) + 5  # inside the stored weights, not the zip's headers
+    data[at] ^= 0x01
+    with open(path, 'wb') as f:
+      f.write(bytes(data))
+    with self.assertRaisesRegex(program.CheckpointError, 'round_1, cannot be read'):
+      program.newest_checkpoint_round(self.dir)
+    with self.assertRaises(program.CheckpointError):
+      program.load_checkpoint(self.dir, self.state['server_state'])
+
+  def test_another_models_state_is_refused_with_the_reason(self):
+    asyncio.run(program.checkpoint_manager(self.dir).save(self.state, 1))
+    other = dict(self.state, server_state={'weights': [np.zeros((4, 4), np.float32),
+                                                       np.arange(5)],
+                                           'momentum': [np.zeros(7, np.float32)]})
+    with self.assertRaisesRegex(program.CheckpointError, 'written by another model or task'):
+      program.load_checkpoint(self.dir, other['server_state'])
+
+  def test_values_that_need_pickle_are_refused_before_anything_is_written(self):
+    bad = dict(self.state, best_round={'a': b'\x00bytes\x00'})
+    with self.assertRaisesRegex(TypeError, 'value 1 .bytes. is not an array of numbers or text'):
+      asyncio.run(program.checkpoint_manager(self.dir).save(bad, 1))
+    self.assertEqual(os.listdir(os.path.join(self.dir, 'checkpoints')), [])
+
+  def test_a_run_checkpointed_as_saved_models_resumes_and_goes_on_in_the_new_format(self):
+    # What tff_decorr wrote before checkpoint_files: TFF's own manager, one SavedModel a round.
+    old = tff.program.FileProgramStateManager(os.path.join(self.dir, 'checkpoints'),
+                                              prefix='round_', keep_total=2, keep_first=False)
+    asyncio.run(old.save(self.state, 1))
+    self.assertTrue(os.path.exists(os.path.join(self.dir, 'checkpoints', 'round_1',
+                                                'saved_model.pb')))
+    self.assertEqual(program.newest_checkpoint_round(self.dir), 1)
+    loaded = program.load_checkpoint(self.dir, self.state['server_state'])
+    for a, b in zip(tf.nest.flatten(loaded), tf.nest.flatten(self.state)):
+      np.testing.assert_array_equal(a, b)
+    manager = program.checkpoint_manager(self.dir)
+    asyncio.run(manager.save(self.state, 2))
+    self.assert_same(program.load_checkpoint(self.dir, self.state['server_state']), self.state)
+    asyncio.run(manager.save(self.state, 3))  # The old version is removed as any other.
+    self.assertEqual(sorted(os.listdir(os.path.join(self.dir, 'checkpoints'))),
+                     ['round_2', 'round_3'])
 
 
 class ShardTest(absltest.TestCase):

@@ -3,8 +3,8 @@
 A SavedModel is a TensorFlow program: `tf.saved_model.load` runs its restore graph, and calling it
 runs its functions, whose operations may read and write any file the user can (ReadFile,
 WriteFile, PrintV2 to a file, dataset readers and writers, summary writers), call back into Python
-(PyFunc) or open connections (RPC, the tf.data service). The project's exports and checkpoints
-never contain such operations, so a run directory copied from elsewhere whose SavedModel does was
+(PyFunc) or open connections (RPC, the tf.data service). The project's exports (and the
+checkpoints older releases wrote as SavedModels) never contain such operations, so a run directory copied from elsewhere whose SavedModel does was
 not written by tff_decorr, or was altered. `check(path)` reads `saved_model.pb` as a protocol
 buffer (nothing is executed) and lists every operation of every graph and function in it.
 

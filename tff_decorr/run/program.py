@@ -7,8 +7,9 @@ TF runtime both provide them), so a run checkpointed under one runtime resumes u
 Resumption is exact: client sampling and each client's data-shuffling/augmentation seed are pure
 functions of (seed, round, client id), and the program state saved after every round holds
 everything else (server state, and which version of each client's state is current). Program state
-is written with `tff.program.FileProgramStateManager`, which writes to a temporary directory and
-renames it, so a kill at any moment leaves either the previous or the new version, never half of one.
+is written by `checkpoint_files.ArrayFileProgramStateManager` (TFF's file program state manager,
+one file of arrays per round), into a temporary directory that is renamed when complete, so a kill
+at any moment leaves either the previous or the new version, never half of one.
 
 Evaluation overlaps training. A round's evaluation (the global model on the test set, about a fifth
 of a CIFAR run) runs in a second thread while the next round trains, filling the cores one client's
@@ -40,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_decorr.run import checkpoint_files
 from tff_decorr.run import graph_check
 from tff_decorr.run import phases as phases_lib
 from tff_decorr.run import personalized
@@ -264,11 +266,11 @@ def summarize_train_metrics(m: dict) -> dict:
   return out
 
 
-def checkpoint_manager(output_dir: str) -> tff.program.FileProgramStateManager:
+def checkpoint_manager(output_dir: str) -> checkpoint_files.ArrayFileProgramStateManager:
   # The two newest rounds (TFF's default keep_first=True would keep round 1 and the newest only),
   # so removing a damaged newest checkpoint resumes from the one before it.
-  return tff.program.FileProgramStateManager(os.path.join(output_dir, 'checkpoints'),
-                                             prefix='round_', keep_total=2, keep_first=False)
+  return checkpoint_files.ArrayFileProgramStateManager(
+      os.path.join(output_dir, 'checkpoints'), prefix='round_', keep_total=2, keep_first=False)
 
 
 def client_manifest_path(output_dir: str, round_num: int) -> str:
@@ -283,9 +285,13 @@ def _checkpoint_structure(initial_server_state) -> dict:
 
 
 def _read_checkpoint(output_dir: str, version: int) -> None:
-  """Reads checkpoint `version` in full, without the program's state structure: it is a SavedModel
-  whose call returns the saved values (tff.program.FileProgramStateManager's format); any damaged
-  file fails here."""
+  """Reads checkpoint `version` in full, without the program's state structure; any damaged file
+  fails here. A SavedModel checkpoint (written before checkpoint_files) must first pass
+  graph_check: its call returns the saved values."""
+  manager = checkpoint_manager(output_dir)
+  if not manager.is_saved_model(version):
+    manager.read_leaves(version)
+    return
   path = os.path.join(output_dir, 'checkpoints', f'round_{version}')
   graph_check.check(path, f'the checkpoint {path}')  # Before anything in it runs.
   module = tf.saved_model.load(path)
