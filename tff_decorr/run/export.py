@@ -7,6 +7,7 @@ Exported SavedModel contract (read by bin/evaluate and bin/analyze):
   signatures['serving_default'](images=float32 [N, H, W, C], preprocessed as the task's test split)
     -> {'logits': [N, num_classes], 'representation': [N, d]}
   <dir>/tff_decorr.json: {'task', 'model', 'num_classes', 'input_shape', 'representation_dim', ...}
+  its variables, by name (`weights_by_name`); not the Keras model object (`_Serving` says why)
 """
 
 from __future__ import annotations
@@ -78,17 +79,24 @@ class Evaluator:
 
 
 class _Serving(tf.Module):
+  """What an export holds: the serving function and the model's variables, by name. Not the Keras
+  model object: tf.saved_model.save then also traces every layer's call for Keras' own restore
+  (about 80 % of a ResNet20 export's time, docs/benchmarks.md §11d), while the contract is the
+  signature."""
 
   def __init__(self, model: tf.keras.Model, input_shape: Sequence[int]):
     super().__init__()
-    self.model = model
-    self.serve = tf.function(
-        self._serve,
-        input_signature=[tf.TensorSpec([None, *input_shape], tf.float32, name='images')])
+    # Tracked so that the function's captured variables are saved; numbered, as layer names
+    # repeat across a model's sub-models.
+    self.weights_by_name = {f'{i:04d}_{v.name.replace(":0", "")}': v
+                            for i, v in enumerate(model.weights)}
 
-  def _serve(self, images):
-    out = self.model(images, training=False)
-    return {'logits': out['logits'], 'representation': out['representation']}
+    def serve(images):  # The model lives in this closure only, not as a tracked attribute.
+      out = model(images, training=False)
+      return {'logits': out['logits'], 'representation': out['representation']}
+
+    self.serve = tf.function(
+        serve, input_signature=[tf.TensorSpec([None, *input_shape], tf.float32, name='images')])
 
 
 def export_saved_model(model_fn: Callable[[], tf.keras.Model], weights: Sequence, path: str,
