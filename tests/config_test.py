@@ -116,6 +116,19 @@ class ConfigTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, '^--init: unknown initialisation'):
       config.make(task='digits', init='glorot')
 
+  def test_precision_is_float32_for_runs_written_before_it_and_bfloat16_gets_its_own_name(self):
+    (plain,) = resolve(task='digits', regularizer='none')
+    (mixed,) = resolve(task='digits', regularizer='none', precision='mixed_bfloat16')
+    self.assertEqual((plain.precision, mixed.precision), ('float32', 'mixed_bfloat16'))
+    written = plain.to_dict()
+    del written['precision']  # A config.json from before --precision existed.
+    self.assertEqual(run_dir.differences(config.migrate_dict(written), plain.to_dict()), [])
+    self.assertEqual(run_dir.differences(config.migrate_dict(written), mixed.to_dict()),
+                     ['precision'])
+    self.assertNotEqual(mixed.output_dir, plain.output_dir)  # float32 keeps GOLDEN's names
+    with self.assertRaisesRegex(ValueError, '^--precision: unknown precision .float16.'):
+      config.make(task='digits', precision='float16')
+
   def test_runtime_auto_is_tf_unless_only_tff_runs_it(self):
     self.assertEqual(train.FLAGS['runtime'].default, 'auto')
     self.assertIn('auto: tf, or tff with --workers or an --aggregator factory',

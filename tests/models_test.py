@@ -12,6 +12,7 @@ from absl.testing import parameterized
 from tff_decorr import models
 from tff_decorr.models import common
 from tff_decorr.models import decomposed
+from tff_decorr.models import precision
 
 # name -> (representation dim, PyTorch-style parameter count for 10 classes and 3 channels, input
 # sizes to test; size 8 is tested with 1 channel, the digits task).
@@ -163,6 +164,37 @@ class BuildTest(parameterized.TestCase, tf.test.TestCase):
     model = models.build('alexnet_bn', num_classes=5, input_shape=(64, 64, 3), hidden_dim=32)
     self.assertEqual(model(_batch(64))['representation'].shape, (2, 32))
     self.assertEqual(sum(models.bn_variable_mask(model)), 7 * 4)
+
+
+class PrecisionTest(parameterized.TestCase, tf.test.TestCase):
+
+  @parameterized.parameters('resnet20', 'small_cnn')
+  def test_mixed_bfloat16_keeps_the_weights_and_computes_in_bfloat16(self, name):
+    build = lambda: models.build(name, num_classes=10, input_shape=(32, 32, 3))
+    tf.keras.utils.set_random_seed(3)
+    plain = build()
+    tf.keras.utils.set_random_seed(3)
+    mixed = precision.build(build, 'mixed_bfloat16')
+    self.assertEqual(tf.keras.mixed_precision.global_policy().name, 'float32')  # restored
+    # The same weights (names, shapes, float32, values, order) and the same BN mask: the server
+    # averages and checkpoints exactly what it does in float32.
+    self.assertEqual([v.name for v in mixed.weights], [v.name for v in plain.weights])
+    for a, b in zip(mixed.weights, plain.weights):
+      self.assertEqual(a.dtype, tf.float32)
+      self.assertAllEqual(a.numpy(), b.numpy())
+    self.assertEqual(models.bn_variable_mask(mixed), models.bn_variable_mask(plain))
+    self.assertEqual({l.compute_dtype for l in mixed.layers if l.weights}, {'bfloat16'})
+    x = np.random.RandomState(0).uniform(size=(8, 32, 32, 3)).astype(np.float32)
+    want, got = plain(x, training=False), mixed(x, training=False)
+    for key in ('logits', 'representation'):
+      self.assertEqual(got[key].dtype, tf.float32)
+      # bfloat16 keeps 8 bits of mantissa (a relative step of 2^-8 = 0.4 %): close to the float32
+      # model, and not equal to it (the layers did compute in bfloat16).
+      scale = np.abs(want[key].numpy()).max()
+      err = np.abs(got[key].numpy() - want[key].numpy()).max() / scale
+      self.assertBetween(err, 1e-4, 5e-2, key)
+    with self.assertRaisesRegex(ValueError, '--precision: unknown precision .float16.'):
+      precision.build(build, 'float16')
 
 
 class AdaptivePoolingTest(tf.test.TestCase):

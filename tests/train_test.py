@@ -64,6 +64,11 @@ def _final_outputs(run_dir):
   return loaded.signatures['serving_default'](images=x)['logits'].numpy()
 
 
+def _summary_of(run_dir):
+  with open(os.path.join(run_dir, 'summary.json')) as f:
+    return json.load(f)
+
+
 class TrainTest(absltest.TestCase):
 
   @classmethod
@@ -133,6 +138,22 @@ class TrainTest(absltest.TestCase):
     np.testing.assert_allclose(_final_outputs(out), _final_outputs(ref), rtol=1e-3, atol=1e-3)
     # The run's TFF worker wrote its log into the run dir; nothing may still hold it open.
     self.assertEqual(testutil.processes_holding(os.path.join(out, 'tff_worker.log')), [])
+
+  def test_bfloat16_run_trains_as_float32_does_and_exports_what_it_trained(self):
+    out = os.path.join(self.tmp, 'bf16')
+    proc = self.train(['--runtime=tf', '--rounds=3', f'--output_dir={out}',
+                       '--precision=mixed_bfloat16'])
+    self.assertIn('Precision: mixed_bfloat16', proc.stdout)
+    mixed, plain = _summary_of(out), _summary_of(self.ref_dir)
+    # The same seed and data as the float32 reference run: rounding differs, training does not.
+    self.assertAlmostEqual(mixed['final_test_accuracy'], plain['final_test_accuracy'], delta=0.1)
+    self.assertGreater(np.abs(_final_outputs(out) - _final_outputs(self.ref_dir)).max(), 0)
+    with open(os.path.join(out, 'export', 'saved_model', 'tff_decorr.json')) as f:
+      self.assertEqual(json.load(f)['precision'], 'mixed_bfloat16')
+    proc = testutil.run_module('bin.evaluate', f'--saved_model={out}',
+                               f'--output_dir={self.tmp}/bf16_eval')
+    self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+    self.assertIn(f'top-1 accuracy {mixed["final_test_accuracy"]:.4f}', proc.stdout)
 
   def test_evaluate_reproduces_final_accuracy(self):
     proc = testutil.run_module('bin.evaluate', f'--saved_model={self.ref_dir}')

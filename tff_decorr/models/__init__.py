@@ -17,6 +17,7 @@ from tff_decorr.models import alexnet_bn as _alexnet_bn
 from tff_decorr.models import common as _common
 from tff_decorr.models import decomposed as _decomposed
 from tff_decorr.models import mobilenet_v2 as _mobilenet_v2
+from tff_decorr.models import precision as _precision
 from tff_decorr.models import resnet as _resnet
 from tff_decorr.models import small_cnn as _small_cnn
 # pylint: disable=unused-import
@@ -35,6 +36,7 @@ _REGISTRY: Dict[str, Callable[..., tf.keras.Model]] = {
 
 
 INITS = _common.INITS
+PRECISIONS = _precision.PRECISIONS
 
 
 def names() -> Tuple[str, ...]:

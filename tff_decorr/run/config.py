@@ -64,6 +64,9 @@ class Config:
   # Initialisation of the model's weights: '' resolves to the model's own (the PyTorch code it
   # ports: models.default_init), or 'torch' | 'kaiming_normal' | 'keras' (models/common.py).
   init: str = ''
+  # 'float32', or 'mixed_bfloat16': layers compute in bfloat16, weights stay float32
+  # (tff_decorr/models/precision.py).
+  precision: str = 'float32'
   # 'auto' (resolved by `resolve`: config.json records the runtime that ran), 'tff' or 'tf'.
   runtime: str = 'auto'
   eval_every: int = 1
@@ -171,6 +174,9 @@ def validate(c: Config) -> None:
   if c.init and c.init not in models.INITS:
     bad('init', f'unknown initialisation {c.init!r}; choose one of {", ".join(models.INITS)} '
         '(or leave it out: the model\'s reference initialisation).')
+  if c.precision not in models.PRECISIONS:
+    bad('precision', f'unknown precision {c.precision!r}; choose one of '
+        f'{", ".join(models.PRECISIONS)}.')
   for kind in KINDS:
     names = registry(kind).names()
     if getattr(c, kind) not in names:
@@ -325,7 +331,7 @@ def _component_settings(kind, name, explicit, task_defaults) -> 'HParams':
 
 def from_dict(d: Mapping[str, Any]) -> Config:
   """A Config from config.json, including files written before component settings existed."""
-  d = _add_init(dict(d))
+  d = _add_later_generic(dict(d))
   if 'hparams' not in d:
     d = _migrate_flat(d)
   d = _add_later_kinds(d)
@@ -336,14 +342,15 @@ def from_dict(d: Mapping[str, Any]) -> Config:
 def migrate_dict(d: Mapping[str, Any]) -> dict:
   """config.json contents in today's form (old flat files are translated; a component kind
   added since, e.g. the aggregator, gets its default)."""
-  return from_dict(d).to_dict() if 'hparams' not in d else _add_later_kinds(_add_init(dict(d)))
+  return from_dict(d).to_dict() if 'hparams' not in d else _add_later_kinds(_add_later_generic(dict(d)))
 
 
-def _add_init(d: dict) -> dict:
+def _add_later_generic(d: dict) -> dict:
   # Runs written before `init` existed built every model with Keras' initialisation: resuming one
   # with today's default (the model's reference initialisation) is refused as a different
   # configuration, never mixed into it silently (issue 23).
   d.setdefault('init', 'keras')
+  d.setdefault('precision', 'float32')  # Runs written before `precision` computed in float32.
   return d
 
 
@@ -408,6 +415,8 @@ def directory_hash(config: Config, task, legacy: Mapping[str, Any]) -> str:
   # initialisation, is then refused by config comparison, see _add_init); another value is hashed.
   if config.model in _models().names() and flat['init'] == _models().default_init(config.model):
     del flat['init']
+  if flat['precision'] == 'float32':  # `precision` came later: float32 runs keep their names.
+    del flat['precision']
   for kind, default in _LATER_KINDS.items():
     if flat[kind] == default:  # Runs from before the kind existed keep their names.
       del flat[kind]

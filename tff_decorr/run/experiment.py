@@ -20,6 +20,7 @@ from tff_decorr import algorithms
 from tff_decorr.run import config as config_lib
 from tff_decorr.run import export
 from tff_decorr import models
+from tff_decorr.models import precision
 from tff_decorr import partitions
 from tff_decorr import regularizers
 
@@ -59,7 +60,8 @@ class Experiment:
                              rounds=c.rounds))
 
   def model_fn(self) -> tf.keras.Model:
-    return models.build(self.model_name, **self._model_kwargs)
+    return precision.build(lambda: models.build(self.model_name, **self._model_kwargs),
+                           self.config.precision)
 
   # ---- data ----
   def prepare_client_data(self):
@@ -155,6 +157,6 @@ class Experiment:
     return export.export_saved_model(self.model_fn, weights, path, {
         'task': self.config.task, 'model': self.model_name,
         'algorithm': self.config.algorithm, 'regularizer': self.config.regularizer,
-        **(extra_metadata or {})})
+        'precision': self.config.precision, **(extra_metadata or {})})
 
 

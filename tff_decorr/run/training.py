@@ -19,6 +19,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_decorr.federated import aggregation
+from tff_decorr.models import precision
 from tff_decorr.run import client_state
 from tff_decorr.run import config as config_lib
 from tff_decorr.run import experiment
@@ -119,6 +120,15 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
                             migrate=config_lib.migrate_dict)
   try:
     exp = experiment.Experiment(config, log=log)
+    if config.precision != 'float32':
+      if tf.config.list_physical_devices('GPU'):
+        where = 'on the GPU (fast on Ampere or newer)'
+      elif precision.native_bfloat16_cpu():
+        where = 'this CPU has bfloat16 instructions'
+      else:
+        where = 'this CPU has no bfloat16 instructions: oneDNN emulates them, slower than float32'
+      log(f'Precision: {config.precision} (layers compute in bfloat16, weights stay float32; '
+          f'{where})')
     timer.add('setup', time.perf_counter() - setup_start)
     with timer('client_data'):
       exp.prepare_client_data()
