@@ -13,6 +13,7 @@ both sides. Printed per seed: both wall and CPU times and their ratios; then the
 
   .venv/bin/python -m bench.whole_run_ratio --seeds=1,2,3             # about 15 minutes a seed
   .venv/bin/python -m bench.whole_run_ratio --seeds=1 --runtime=tff
+  .venv/bin/python -m bench.whole_run_ratio --runtime=tf --precision=mixed_bfloat16
 
 Run it alone on the machine. Pairs already measured (both JSONs in --output_dir) are reused, so an
 interrupted invocation continues; delete the directory to measure again. Writes
@@ -42,8 +43,14 @@ flags.DEFINE_string('output_dir', '/tmp/tff_decorr_whole_run', 'Where the runs g
 flags.DEFINE_string('torch_python', '/tmp/torchenv/bin/python',
                     'Python of the PyTorch environment (bench/reference_main.py says how to make '
                     'it).')
+flags.DEFINE_enum('precision', 'float32', ['float32', 'mixed_bfloat16'],
+                  "The project's --precision (its runs and the result file are named after it).")
 flags.DEFINE_string('reference_dir', reference_main.DEFAULT_REFERENCE_DIR,
                     'Checkout of github.com/bytedance/FedDecorr.')
+
+
+def _suffix() -> str:
+  return '' if FLAGS.precision == 'float32' else f'_{FLAGS.precision}'
 
 
 def _reference(seed: int, out: str, data: str) -> dict:
@@ -71,7 +78,8 @@ def _project(seed: int, out: str) -> dict:
     for d in (run_dir, cache):  # A first run: its own partition, an empty cache.
       shutil.rmtree(d, ignore_errors=True)
     args = [a for a in run_phases.SETTINGS['issue23'] if not a.startswith('--seed=')]
-    result = run_phases.run_once(args + [f'--seed={seed}'], run_dir, cache)
+    result = run_phases.run_once(args + [f'--seed={seed}', f'--precision={FLAGS.precision}'],
+                                 run_dir, cache)
     with open(out, 'w') as f:
       json.dump(result, f, indent=2)
   with open(out) as f:
@@ -86,7 +94,7 @@ def main(argv):
     reference_main.export(data, _common.DEFAULT_DATA_DIR)
   rows = {}
   for i, seed in enumerate(int(s) for s in FLAGS.seeds):
-    d = os.path.join(FLAGS.output_dir, f'{FLAGS.runtime}_seed{seed}')
+    d = os.path.join(FLAGS.output_dir, f'{FLAGS.runtime}{_suffix()}_seed{seed}')
     os.makedirs(d, exist_ok=True)
     sides = [('reference', lambda: _reference(seed, os.path.join(d, 'reference.json'), data)),
              ('project', lambda: _project(seed, os.path.join(d, 'project.json')))]
@@ -103,24 +111,34 @@ def main(argv):
     row['cpu_ratio'] = row['project']['cpu_s'] / row['reference']['cpu_s']
     row['load_avg_end'] = os.getloadavg()
     rows[seed] = row
-  print(f'\nissue 23\'s setting, 10 rounds; project --runtime={FLAGS.runtime} vs the reference\'s '
-        'main.py, one after the other')
-  print('| seed | first | reference wall / CPU | project wall / CPU | wall ratio | CPU ratio |')
-  print('| --- | --- | --- | --- | --- | --- |')
+  print(f'\nissue 23\'s setting, 10 rounds; project --runtime={FLAGS.runtime} '
+        f'--precision={FLAGS.precision} vs the reference\'s main.py, one after the other')
+  print('| seed | first | reference wall / CPU | project wall / CPU | wall ratio | CPU ratio | '
+        'accuracy, reference / project |')
+  print('| --- | --- | --- | --- | --- | --- | --- |')
   for seed, r in rows.items():
     print(f'| {seed} | {r["first"]} | {r["reference"]["wall_s"]:.0f} s / '
           f'{r["reference"]["cpu_s"]:.0f} s | {r["project"]["wall_s"]:.0f} s / '
-          f'{r["project"]["cpu_s"]:.0f} s | {r["wall_ratio"]:.2f} | {r["cpu_ratio"]:.2f} |')
+          f'{r["project"]["cpu_s"]:.0f} s | {r["wall_ratio"]:.2f} | {r["cpu_ratio"]:.2f} | '
+          f'{r["reference"]["final_test_accuracy"]:.3f} / '
+          f'{r["project"]["final_test_accuracy"]:.3f} |')
   walls = [r['wall_ratio'] for r in rows.values()]
   cpus = [r['cpu_ratio'] for r in rows.values()]
   summary = {'wall_ratio_mean': statistics.mean(walls), 'cpu_ratio_mean': statistics.mean(cpus),
              'wall_ratio_max': max(walls)}
+  for side in ('reference', 'project'):
+    accuracies = [r[side]['final_test_accuracy'] for r in rows.values()]
+    summary[f'accuracy_{side}_mean'] = statistics.mean(accuracies)
+    summary[f'accuracy_{side}_std'] = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
   print(f'mean wall ratio {summary["wall_ratio_mean"]:.2f} (max {summary["wall_ratio_max"]:.2f}),'
-        f' mean CPU ratio {summary["cpu_ratio_mean"]:.2f}')
+        f' mean CPU ratio {summary["cpu_ratio_mean"]:.2f}; accuracy reference '
+        f'{summary["accuracy_reference_mean"]:.4f} +- {summary["accuracy_reference_std"]:.4f}, '
+        f'project {summary["accuracy_project_mean"]:.4f} +- {summary["accuracy_project_std"]:.4f}')
   path = os.path.join(_common.ROOT, 'bench', 'results',
-                      f'whole_run_ratio_{FLAGS.runtime}.json')
+                      f'whole_run_ratio_{FLAGS.runtime}{_suffix()}.json')
   with open(path, 'w') as f:
-    json.dump({'machine': _common.machine(), 'runtime': FLAGS.runtime, 'seeds': rows,
+    json.dump({'machine': _common.machine(), 'runtime': FLAGS.runtime,
+               'precision': FLAGS.precision, 'seeds': rows,
                'summary': summary}, f, indent=2)
   print(f'wrote {path}')
 
