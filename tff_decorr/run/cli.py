@@ -209,7 +209,7 @@ def define_train_flags(fv) -> list:
                     'small_cnn).', **d)
   flags.DEFINE_enum('precision', 'float32', list(models.PRECISIONS), 'float32, or '
                     'mixed_bfloat16: every layer computes in bfloat16 and the weights stay float32 '
-                    '(about 0.7x the CPU time of a ResNet20 step on a CPU with bfloat16 '
+                    '(0.70x the CPU time of a ResNet20 run on a CPU with bfloat16 '
                     'instructions; results differ from float32 as rounding does).', **d)
   flags.DEFINE_enum('runtime', 'auto', ['auto', 'tff', 'tf'], 'auto: tf, or tff with --workers or '
                     'an --aggregator factory (which only TFF\'s runtime runs); tff: TFF C++ '
