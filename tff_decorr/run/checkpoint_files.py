@@ -34,13 +34,17 @@ class IncompleteCheckpointError(ValueError):
   """A version's directory exists but its state cannot be read as the run's state."""
 
 
-def _as_array(value: Any, index: int) -> np.ndarray:
+def _entry(value: Any, index: int) -> tuple[str, np.ndarray]:
+  """(name, array) of state value `index`. A bytes value (an aggregator's serialised state, e.g.
+  --aggregator=dp's) is stored as its uint8 bytes under '<index>b': NumPy's bytes dtype would
+  drop trailing zero bytes, and object arrays need pickle to read."""
+  if isinstance(value, (bytes, np.bytes_)):
+    return f'{index}b', np.frombuffer(bytes(value), np.uint8)
   array = np.asarray(value)
   if array.dtype == object or array.dtype.kind in 'SV':
-    # Object arrays need pickle to read, and NumPy's bytes dtype drops trailing zero bytes.
-    raise TypeError(f'program state value {index} ({type(value).__name__}) is not an array of '
-                    'numbers or text; the checkpoint format stores only those')
-  return array
+    raise TypeError(f'program state value {index} ({type(value).__name__}) is not bytes or an '
+                    'array of numbers or text; the checkpoint format stores only those')
+  return str(index), array
 
 
 def _sync_directory(path: str) -> None:
@@ -67,7 +71,7 @@ class ArrayFileProgramStateManager(tff.program.FileProgramStateManager):
     if os.path.exists(path):
       raise tff.program.ProgramStateExistsError(version=version, path=self._root_dir)
     leaves = structure_utils.flatten(await tff.program.materialize_value(program_state))
-    arrays = {str(i): _as_array(v, i) for i, v in enumerate(leaves)}
+    arrays = dict(_entry(v, i) for i, v in enumerate(leaves))
     temp = f'{path}_temp{os.getpid()}'  # run_dir.prepare removes leftovers named '*_temp*'
     shutil.rmtree(temp, ignore_errors=True)
     try:
@@ -83,16 +87,19 @@ class ArrayFileProgramStateManager(tff.program.FileProgramStateManager):
     _sync_directory(self._root_dir)
     await self._remove_old_program_state()
 
-  def read_leaves(self, version: int) -> list[np.ndarray]:
-    """Every value of `version`, in flattening order, read in full (each array's CRC checked).
-    IncompleteCheckpointError when its directory holds no state file."""
+  def read_leaves(self, version: int) -> list[Any]:
+    """Every value of `version` (arrays; bytes where bytes were saved), in flattening order, read
+    in full (each array's CRC checked). IncompleteCheckpointError when its directory holds no
+    state file or one of another kind."""
     state_file = self.state_file(version)
     if not os.path.exists(state_file):
       raise IncompleteCheckpointError(f'{state_file} is missing')
     with np.load(state_file, allow_pickle=False) as z:
-      if sorted(z.files, key=int) != [str(i) for i in range(len(z.files))]:
+      names = {name.rstrip('b'): name for name in z.files}
+      if sorted(names) != sorted(str(i) for i in range(len(z.files))):
         raise IncompleteCheckpointError(f'{state_file} is not a tff_decorr checkpoint')
-      return [z[str(i)] for i in range(len(z.files))]
+      values = [z[names[str(i)]] for i in range(len(z.files))]
+      return [v.tobytes() if names[str(i)].endswith('b') else v for i, v in enumerate(values)]
 
   async def load(self, version: int, structure: Any) -> Any:
     if not os.path.isdir(self._get_path_for_version(version)):
@@ -101,10 +108,12 @@ class ArrayFileProgramStateManager(tff.program.FileProgramStateManager):
       return await super().load(version, structure)
     leaves = self.read_leaves(version)
     expected: Sequence[Any] = structure_utils.flatten(structure)
-    shapes = [np.shape(v) for v in expected]
-    if [a.shape for a in leaves] != shapes:
+    kind = lambda v: 'bytes' if isinstance(v, (bytes, np.bytes_)) else np.shape(v)
+    shapes = [kind(v) for v in expected]
+    if [kind(a) for a in leaves] != shapes:
       raise IncompleteCheckpointError(
           f'{self.state_file(version)} holds {len(leaves)} values that are not shaped as this '
           f"run's state ({len(shapes)} values): it was written by another model or task")
     # 0-d arrays come back as NumPy scalars, as TFF's own reader returns them.
-    return structure_utils.unflatten_as(structure, [a[()] if a.ndim == 0 else a for a in leaves])
+    return structure_utils.unflatten_as(
+        structure, [a[()] if isinstance(a, np.ndarray) and a.ndim == 0 else a for a in leaves])
