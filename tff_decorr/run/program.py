@@ -17,8 +17,9 @@ training leaves idle. The round is committed (metrics, export, checkpoint, its p
 its evaluation is done, after the next round has trained and before that round's client states are
 written, so every checkpoint still names exactly its own round's client states. If the next round
 fails or is interrupted, the evaluated round is committed first: a failure still leaves the last
-trained round checkpointed. The first evaluation of an invocation, and the last round's, run in
-the loop's own thread (the first traces the evaluator).
+trained round checkpointed. The first evaluation of an invocation traces the evaluator in that
+thread too, beside the next round (a first run's largest fixed cost otherwise, docs/benchmarks.md
+§11f); only the last round's, with no round after it, runs in the loop's own thread.
 """
 
 from __future__ import annotations
@@ -583,9 +584,9 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
           values.update(pre_round)
         trained = _Trained(round_num, server_state, values, round_time, len(clients))
         if round_num % max(loop.eval_every, 1) == 0 or round_num == loop.rounds:
-          # Overlapped when a round follows in this invocation and an evaluation already ran (the
-          # first one traces the evaluator, in this thread, as the runtime traces in it).
-          if overlap and round_num < loop.rounds and last_test:
+          # Overlapped when a round follows in this invocation; the first also traces the
+          # evaluator there (the runtime traced in round 1, so nothing else traces beside it).
+          if overlap and round_num < loop.rounds:
             trained.evaluation = evaluations.submit(evaluate_fn, server_state, round_num)
             pending = trained
             continue
