@@ -26,6 +26,7 @@ from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import tensorflow as tf
 
+from tff_decorr import data_options
 from tff_decorr import hparams
 from tff_decorr.algorithms.workspace import Workspace
 
@@ -165,7 +166,7 @@ def local_train(ws: Workspace, start_weights: Sequence[tf.Tensor], dataset: tf.d
   # re-instantiated on every call and gets less intra-op parallelism (issue 18: ResNet20 0.74 ->
   # 0.66 CPU-s/step from this alone). Iterating an iterator becomes a while loop over
   # `get_next_as_optional` in this function's own graph, under both runtimes.
-  for images, labels in iter(dataset):
+  for images, labels in iter(data_options.without_autotune(dataset)):
     d_loss, d_ce, d_reg, d_extra, d_correct, bs = train_step(images, labels)
     loss_sum += d_loss
     ce_sum += d_ce

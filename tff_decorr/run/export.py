@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tff_decorr import data_options
 from tff_decorr.run import graph_check
 
 METADATA_FILE = 'tff_decorr.json'
@@ -61,7 +62,7 @@ class Evaluator:
       set_weights(self.model, weights)
     loss_sum = 0.0
     conf = np.zeros((self.num_classes, self.num_classes), np.int64)
-    for images, labels in dataset:
+    for images, labels in data_options.without_autotune(dataset):
       l, c = self._step(images, labels)
       loss_sum += float(l)
       conf += c.numpy()
