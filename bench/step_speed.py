@@ -43,6 +43,9 @@ each and the median over repeats of ours / reference per repeat. resnet20 and mo
   .venv/bin/python -m bench.step_speed --mode=reference --models=resnet20,mobilenet_v2_cifar \
       --beta=0 --steps=6 --repeats=6
 
+--precision=mixed_bfloat16 times the project's step as `bin/train --precision=mixed_bfloat16`
+trains (bfloat16 layers, float32 weights); the reference stays float32, as its main.py is.
+
 mode=perturbation (not a timing): how fast SGD amplifies a small change, i.e. which differences
 between runtimes or kernels to expect. The embedded default setting (digits, small_cnn, batch 32,
 lr 0.01, momentum 0.9, weight decay 1e-5, one client holding the 1,437 training images) trains
@@ -76,6 +79,7 @@ import tensorflow as tf
 from bench import _common
 from tff_decorr import algorithms
 from tff_decorr import models
+from tff_decorr.models import precision
 from tff_decorr import regularizers
 from tff_decorr.algorithms import client_update
 from tff_decorr.algorithms import workspace
@@ -105,6 +109,8 @@ flags.DEFINE_string('reference_dir', '/tmp/FedDecorr',
 flags.DEFINE_string('torch_python', '/tmp/torchenv/bin/python',
                     'Python of the PyTorch environment (mode=reference; bench/reference_main.py '
                     'says how to install it).')
+flags.DEFINE_enum('precision', 'float32', list(models.PRECISIONS),
+                  "The project's model precision, as bin/train --precision.")
 flags.DEFINE_string('suffix', '', 'Appended to the output name: step_speed[_round]_<suffix>.json.')
 
 _IMAGE_SIZE = {'resnet18': 64, 'alexnet_bn': 64}
@@ -118,7 +124,9 @@ def _shape(name):
 
 def _model_fn(name):
   shape, classes = _shape(name)
-  return lambda: models.build(name, num_classes=classes, input_shape=shape)
+  # As bin/train builds it (experiment.py): float32, or bfloat16 layers with float32 weights.
+  return lambda: precision.build(
+      lambda: models.build(name, num_classes=classes, input_shape=shape), FLAGS.precision)
 
 
 def _algorithm(name):
@@ -531,7 +539,8 @@ def main(argv):
       settings={k: FLAGS[k].value for k in ('mode', 'models', 'batch_size', 'steps', 'repeats',
                                             'beta', 'jit', 'clients', 'round_steps',
                                             'runtimes', 'max_concurrent_computation_calls',
-                                            'reference_dir', 'torch_python', 'round_data')},
+                                            'reference_dir', 'torch_python', 'round_data',
+                                            'precision')},
       summary=lines, machine=_machine(load_start))
   name = 'step_speed' + (f'_{FLAGS.mode}' if FLAGS.mode != 'step' else '')
   name += f'_{FLAGS.suffix}' if FLAGS.suffix else ''

@@ -20,6 +20,7 @@ from tasks import augment
 from tasks import client_data
 from tasks import registry
 from tests import testutil
+from tff_decorr import data_options
 from tff_decorr import partitions
 
 
@@ -216,11 +217,18 @@ class ClientDataTest(absltest.TestCase):
       for cid in ('0', '3'):
         args = (tf.constant(cid), tf.constant(11, tf.int64))
         small, large = ([(x.numpy(), y.numpy()) for x, y in f(*args)] for f in fns)
+        # As the client step iterates it: tf.data's autotuning off, the stream's map on as many
+        # threads as there are cores (data_options).
+        untuned = [(x.numpy(), y.numpy())
+                   for x, y in data_options.without_autotune(fns[1](*args))]
         self.assertEqual([x.shape for x, _ in small], [x.shape for x, _ in large])
+        self.assertEqual([x.shape for x, _ in small], [x.shape for x, _ in untuned])
         self.assertNotEmpty(small)
-        for (xa, ya), (xb, yb) in zip(small, large):
+        for (xa, ya), (xb, yb), (xc, yc) in zip(small, large, untuned):
           np.testing.assert_array_equal(xa, xb)
           np.testing.assert_array_equal(ya, yb)
+          np.testing.assert_array_equal(xa, xc)
+          np.testing.assert_array_equal(ya, yc)
         np.testing.assert_array_equal(graph_fns[0](*args), graph_fns[1](*args))
         np.testing.assert_array_equal(graph_fns[0](*args), np.concatenate([x for x, _ in small]))
 
