@@ -168,7 +168,7 @@ class OldPathsTest(absltest.TestCase):
 # Written out here, not derived from the imports: the test checks the imports against it.
 _LAYERS = (
     ('base', ('tff_decorr.hparams', 'tff_decorr.tf_env', 'tff_decorr.regularizers',
-              'tff_decorr.partitions')),
+              'tff_decorr.partitions', 'tff_decorr.data_options')),
     ('models', ('tff_decorr.models',)),
     ('algorithms', ('tff_decorr.algorithms',)),
     ('federated', ('tff_decorr.federated',)),  # aggregation, tff_context, loopback: TFF machinery.
