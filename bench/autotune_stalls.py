@@ -20,9 +20,8 @@ Writes bench/results/autotune_stalls.json. Run it alone on the machine.
 
 from __future__ import annotations
 
-import os
+import contextlib
 import statistics
-import time
 from unittest import mock
 
 from tff_decorr import tf_env  # pylint: disable=g-bad-import-order,unused-import  (before TF)
@@ -37,30 +36,25 @@ from tff_decorr import models
 from tff_decorr.run import export
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer('blocks', 40, 'Client-step blocks per variant.')
-flags.DEFINE_integer('evaluations', 8, 'Test-set evaluations per variant (0: none).')
+flags.DEFINE_integer('blocks', 40, 'Client-step blocks per variant.', lower_bound=1)
+flags.DEFINE_integer('evaluations', 8, 'Test-set evaluations per variant (0: none).',
+                     lower_bound=0)
 flags.DEFINE_string('data_dir', _common.DEFAULT_DATA_DIR, 'TFDS directory of the shared CIFAR-10.')
 
 _ONE_CORE = 0.8  # wall / CPU above this: one core busy, not two
 
 
 def _autotune(on: bool):
+  """While active: tf.data's default (autotuning on) where the project turns it off."""
   return (mock.patch.object(data_options, 'without_autotune', lambda ds: ds) if on
-          else mock.patch.object(data_options, 'without_autotune',
-                                 data_options.without_autotune))
-
-
-def _time(fn):
-  c0, t0 = sum(os.times()[:2]), time.perf_counter()
-  fn()
-  return sum(os.times()[:2]) - c0, time.perf_counter() - t0
+          else contextlib.nullcontext())
 
 
 def _alternate(runs: dict, n: int) -> dict:
   times = {k: [] for k in runs}
   for i in range(n):
     for k in (list(runs) if i % 2 == 0 else list(runs)[::-1]):
-      times[k].append(_time(runs[k]))
+      times[k].append(step_speed._timed(runs[k]))  # pylint: disable=protected-access
   out = {}
   for k, t in times.items():
     walls = [w for _, w in t]

@@ -19,6 +19,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.tensorflow_libs import serialization_utils
 
+from tests import testutil
 from tff_decorr import algorithms
 from tff_decorr import models
 from tff_decorr import tf_env
@@ -136,6 +137,21 @@ class StepSpeedTest(tf.test.TestCase):
       worker.stop()
     expected = tf_env.worker_environment()['TF_ENABLE_ONEDNN_OPTS']  # '1' unless the user chose
     self.assertIn(f'TF_ENABLE_ONEDNN_OPTS={expected}'.encode(), environ)
+
+
+class BenchFlagsTest(absltest.TestCase):
+  """The step benchmarks' own flags refuse bad values by name, before any work."""
+
+  def test_bad_values_are_refused_by_flag(self):
+    for module, flag, name in (('bench.step_speed', '--precision=float16', '--precision'),
+                               ('bench.autotune_stalls', '--blocks=0', '--blocks'),
+                               ('bench.autotune_stalls', '--evaluations=-1', '--evaluations')):
+      proc = testutil.run_module(module, flag)
+      self.assertNotEqual(proc.returncode, 0, (module, flag))
+      self.assertIn(f'Flags parsing error: flag {name}=', proc.stderr,
+                    (module, flag, proc.stderr[-1000:]))
+      self.assertNotIn('Traceback', proc.stderr, (module, flag))
+      self.assertNotIn('wrote', proc.stdout, (module, flag))
 
 
 if __name__ == '__main__':
