@@ -6,13 +6,16 @@ therefore starts the worker with a tiny preloaded library (`loopback_bind.c`, be
 that turns its wildcard bind into a loopback bind. Nothing here needs root: LD_PRELOAD works for any
 user on an ordinary (not set-uid) binary. The library is compiled once from its source with the
 system C compiler (`make setup` does it, into the virtual environment; otherwise it is built on
-first use into the user's cache directory) and named by the source's hash, so an edited source is
-rebuilt. Where it cannot be built, the caller falls back to TFF's own behaviour and says so in one
-line (`unavailable_reason`).
+first use into the user's cache folder, mode 0700). A file found there is used only when it and
+its folder belong to the user (or root) and nobody else can write them; no shared folder such as
+/tmp is ever searched, where another user could plant the file first. It is named by the
+source's hash, so an edited source is rebuilt. Where it cannot be built, the worker is not started
+(`unavailable_reason` says why), unless the user asked for an exposed worker.
 
-`listening_addresses(pid)` reads what a process really listens on from /proc, which is how the
-run checks its worker after start-up and how the tests check it: a claim about sockets is verified
-on the sockets.
+This is the fallback for machines without user namespaces (netns.py is the first choice: there
+the worker has no network at all). `problems(pid, port, library)` reads from /proc what the
+worker really listens on and whether the library is mapped into it; the run refuses to send a
+computation to a worker with any problem: a claim about sockets is verified on the sockets.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import hashlib
 import ipaddress
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -38,12 +42,66 @@ def _digest() -> str:
     return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
+def venv_dir() -> str:
+  """Where `make setup` builds the library: inside the virtual environment that runs us."""
+  return os.path.join(sys.prefix, 'lib', 'tff_decorr')
+
+
+def cache_dir() -> str:
+  """The user's own folder for a library built on first use (mode 0700, checked before use)."""
+  cache = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+  return os.path.join(cache, 'tff_decorr', 'loopback')
+
+
 def _candidate_dirs() -> list[str]:
   """Where a built library is looked for, and built when missing: the virtual environment first
-  (what `make setup` fills), then the user's cache directory, then the temporary directory."""
-  cache = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-  return [os.path.join(sys.prefix, 'lib', 'tff_decorr'), os.path.join(cache, 'tff_decorr'),
-          os.path.join(tempfile.gettempdir(), f'tff_decorr-{os.getuid()}')]
+  (what `make setup` fills), then the user's cache folder. Never a shared folder such as /tmp,
+  where another user could create the file first."""
+  return [venv_dir(), cache_dir()]
+
+
+def _writable_by_others(st: os.stat_result) -> bool:
+  return bool(st.st_mode & 0o022)
+
+
+def untrusted_reason(path: str) -> Optional[str]:
+  """Why the library file or folder at `path` cannot be trusted (None: it can): it must be a
+  regular file or a folder (not a symbolic link), owned by this user or root, writable by its
+  owner only; so must the folder holding it. Read with lstat, before anything is loaded."""
+  uid = os.getuid()
+  for p in (path, os.path.dirname(path)):
+    try:
+      st = os.lstat(p)
+    except OSError as e:
+      return f'{p}: {e.strerror}'
+    if stat.S_ISLNK(st.st_mode):
+      return f'{p} is a symbolic link'
+    if st.st_uid not in (uid, 0):
+      return f'{p} is owned by uid {st.st_uid}, not by this user ({uid}) or root'
+    if _writable_by_others(st):
+      return f'{p} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})'
+  return None
+
+
+def _private_dir(directory: str) -> None:
+  """Creates `directory` with mode 0700, or checks an existing one: owned by this user, and made
+  0700 if it was only readable by others. Raises OSError when it cannot be trusted."""
+  os.makedirs(os.path.dirname(directory), mode=0o700, exist_ok=True)
+  try:
+    os.mkdir(directory, 0o700)
+  except FileExistsError:
+    pass
+  st = os.lstat(directory)
+  if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or _writable_by_others(st):
+    raise OSError(f'{directory} is not a folder owned by this user and writable by it alone '
+                  f'(mode {stat.S_IMODE(st.st_mode):04o}, owner {st.st_uid})')
+  if st.st_mode & 0o077:
+    os.chmod(directory, 0o700)
+  parent = os.lstat(os.path.dirname(directory))
+  if parent.st_uid not in (os.getuid(), 0) or (_writable_by_others(parent) and
+                                               not parent.st_mode & stat.S_ISVTX):
+    # A sticky folder (/tmp) lets nobody else rename or remove what we made in it.
+    raise OSError(f'{os.path.dirname(directory)} can be written by other users')
 
 
 def compiler() -> Optional[str]:
@@ -51,12 +109,13 @@ def compiler() -> Optional[str]:
 
 
 def build(directory: str) -> str:
-  """Compiles the library into `directory` (atomically: concurrent runs may build it at once) and
-  returns its path. Raises OSError or subprocess.CalledProcessError when that is impossible."""
+  """Compiles the library into `directory` (mode 0700, checked; atomically: concurrent runs may
+  build it at once) and returns its path. Raises OSError or subprocess.CalledProcessError when
+  that is impossible."""
   cc = compiler()
   if cc is None:
     raise OSError('no C compiler (cc or gcc) on PATH')
-  os.makedirs(directory, mode=0o700, exist_ok=True)
+  _private_dir(directory)
   target = os.path.join(directory, f'{_LIBRARY_NAME}-{_digest()}.so')
   fd, partial = tempfile.mkstemp(dir=directory, prefix=f'.{_LIBRARY_NAME}-', suffix='.so')
   os.close(fd)
@@ -73,17 +132,22 @@ def build(directory: str) -> str:
 
 def library() -> Optional[str]:
   """The path of the built preload library, building it if needed; None if it cannot be had
-  (then `unavailable_reason()` says why)."""
+  (then `unavailable_reason()` says why). A file found where it should be is used only if it and
+  its folder pass `untrusted_reason`."""
   global _cached, _reason
-  if _cached is not None and os.path.exists(_cached):
+  if _cached is not None and os.path.exists(_cached) and untrusted_reason(_cached) is None:
     return _cached
   name = f'{_LIBRARY_NAME}-{_digest()}.so'
   dirs = _candidate_dirs()
-  for d in dirs:
-    if os.path.exists(os.path.join(d, name)):
-      _cached = os.path.join(d, name)
-      return _cached
   errors = []
+  for d in dirs:
+    path = os.path.join(d, name)
+    if os.path.lexists(path):
+      why = untrusted_reason(path)
+      if why is None:
+        _cached = path
+        return _cached
+      errors.append(f'not using {path}: {why}')
   for d in dirs:
     try:
       _cached = build(d)
@@ -159,6 +223,32 @@ def is_loopback(host: str) -> bool:
 def exposed_addresses(pid: int) -> list[str]:
   """The process's listening addresses that are not on loopback ('host:port'; empty: none)."""
   return [f'{h}:{p}' for h, p in listening_addresses(pid) if not is_loopback(h)]
+
+
+def mapped(pid: int, path: str) -> bool:
+  """Whether the file at `path` is mapped into the process `pid` (/proc/<pid>/maps): a preloaded
+  library the loader skipped (it did not load: corrupt, wrong architecture, a noexec folder)
+  is not, and the loader's complaint went only to the process's own output."""
+  real = os.path.realpath(path)
+  with open(f'/proc/{pid}/maps') as f:
+    return any(line.rstrip().endswith(' ' + real) for line in f)
+
+
+def problems(pid: int, port: int, library_path: Optional[str]) -> list[str]:
+  """Why the worker `pid` started for `port` is not a worker reachable from this machine only
+  (empty: it is), read from the kernel: the preload library must be mapped into it, it must
+  listen on `port` (or another process holds the port and answers in its place), and nothing it
+  listens on may be off loopback."""
+  found = []
+  if library_path is not None and not mapped(pid, library_path):
+    found.append(f'the loopback library {library_path} did not load into the worker (see its log)')
+  addresses = listening_addresses(pid)
+  if port not in [p for _, p in addresses]:
+    found.append(f'the worker (pid {pid}) does not listen on port {port}')
+  exposed = [f'{h}:{p}' for h, p in addresses if not is_loopback(h)]
+  if exposed:
+    found.append(f'the worker listens on {", ".join(exposed)}, off loopback')
+  return found
 
 
 if __name__ == '__main__':
