@@ -196,10 +196,8 @@ def _decode(hex_address: str) -> tuple[str, int]:
   return str(ipaddress.ip_address(host)), int(port_hex, 16)
 
 
-def listening_addresses(pid: int) -> list[tuple[str, int]]:
-  """(host, port) of every TCP socket the process `pid` holds in the LISTEN state."""
-  inodes = _socket_inodes(pid)
-  found = []
+def _listening_rows(pid: int):
+  """(host, port, inode) of every TCP socket in the LISTEN state in `pid`'s network namespace."""
   for table in ('tcp', 'tcp6'):
     try:
       with open(f'/proc/{pid}/net/{table}') as f:
@@ -208,9 +206,22 @@ def listening_addresses(pid: int) -> list[tuple[str, int]]:
       continue  # No IPv6 in this kernel.
     for row in rows:
       fields = row.split()
-      if fields[3] == '0A' and fields[9] in inodes:  # 0A: TCP_LISTEN
-        found.append(_decode(fields[1]))
-  return found
+      if fields[3] == '0A':  # 0A: TCP_LISTEN
+        yield (*_decode(fields[1]), fields[9])
+
+
+def shared_port(pid: int, port: int) -> bool:
+  """Whether a socket that is not `pid`'s listens on `port` too. gRPC sets SO_REUSEPORT, so two
+  workers of one user started on the same port both start, and the kernel splits connections
+  between them: the port is taken, although our worker did not fail."""
+  inodes = _socket_inodes(pid)
+  return any(p == port and inode not in inodes for _, p, inode in _listening_rows(pid))
+
+
+def listening_addresses(pid: int) -> list[tuple[str, int]]:
+  """(host, port) of every TCP socket the process `pid` holds in the LISTEN state."""
+  inodes = _socket_inodes(pid)
+  return [(host, port) for host, port, inode in _listening_rows(pid) if inode in inodes]
 
 
 def is_loopback(host: str) -> bool:
@@ -248,6 +259,8 @@ def problems(pid: int, port: int, library_path: Optional[str]) -> list[str]:
   exposed = [f'{h}:{p}' for h, p in addresses if not is_loopback(h)]
   if exposed:
     found.append(f'the worker listens on {", ".join(exposed)}, off loopback')
+  if shared_port(pid, port):
+    found.append(f'another process listens on port {port} too')
   return found
 
 

@@ -23,8 +23,10 @@ import asyncio
 import atexit
 import ctypes
 import os
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -48,6 +50,7 @@ from tensorflow_federated.python.core.impl.types import type_analysis
 from tensorflow_federated.python.core.impl.types import type_conversions
 
 from tff_decorr.federated import loopback
+from tff_decorr.federated import netns
 
 _GRPC_MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
 _GRPC_OPTIONS = [
@@ -75,7 +78,7 @@ class WorkerLostError(RuntimeError):
 
 def _lost_message(address: str) -> str:
   return (f'--workers: the TFF worker at {address} stopped answering during a round; restart '
-          'it (python -m bin.worker --port=...) and re-run the same command to resume from the '
+          'it (python -m bin.worker --socket=...) and re-run the same command to resume from the '
           'last checkpoint.')
 _processes: list['WorkerProcess'] = []
 _handlers_installed = False
@@ -97,77 +100,258 @@ def _die_with_parent() -> None:
   os.setsid()  # Own process group: a Ctrl-C in the terminal is handled by us, not by the worker.
 
 
-class WorkerProcess:
-  """One `worker_binary` serving TFF's executor service on a local port.
+class WorkerExposedError(RuntimeError):
+  """The local worker could be reached by someone else; it was stopped before any computation."""
 
-  By default it listens on loopback only (`loopback.py` says how and why): TFF's service is
-  unauthenticated and runs whatever graph it is sent. `listen_all=True` keeps TFF's own
-  behaviour (every interface), for bin/worker's explicit --listen_all. When the loopback library
-  cannot be built, the worker still starts, `self.exposed` is True and one warning line says so.
+
+# bin/train --worker_listen_all: the local worker may listen on every interface (TFF's default).
+_listen_all = False
+
+
+def set_listen_all(listen_all: bool) -> None:
+  """Whether the workers `install` starts listen on every interface, unchecked (an explicit
+  choice of the user: bin/train --worker_listen_all). Off: isolated, or refused."""
+  global _listen_all
+  _listen_all = bool(listen_all)
+
+
+def _log_tail(path: str, lines: int = 8) -> str:
+  try:
+    with open(path, 'rb') as f:
+      f.seek(max(0, os.path.getsize(path) - 16384))
+      text = f.read().decode(errors='replace')
+  except OSError:
+    return ''
+  tail = [l.strip() for l in text.splitlines() if l.strip()][-lines:]
+  return ' | '.join(tail)
+
+
+_START_ATTEMPTS = 4
+
+
+class WorkerProcess:
+  """One `worker_binary` serving TFF's executor service to this user only.
+
+  TFF's service is unauthenticated and runs whatever graph it is sent, and TFF's binary listens on
+  every interface. How it is kept to this user, in order of preference (docs/security.md):
+  - `isolation == 'namespace'`: the worker runs in a user+network namespace of its own (netns.py)
+    and is reached through a Unix socket, mode 0600 in a 0700 folder (`address` is
+    'unix:<path>'); its port is picked inside the namespace, where nothing can take it. Used
+    when the machine allows user namespaces and no `port` is asked for, or when `socket_path`
+    is given (bin/worker --socket).
+  - `isolation == 'loopback'`: the loopback library (loopback.py) is preloaded and the worker
+    listens on 127.0.0.1:`port`. Other local users can still connect (docs/security.md).
+  - `isolation == 'none'`: `listen_all=True`, TFF's own behaviour, only when asked for.
+  Before the constructor returns, the worker is checked from the kernel's side (`problems`: the
+  namespace and socket file, or the library mapped into it and its listening sockets); a worker
+  with a problem is stopped and WorkerExposedError raised, with one line saying why and what to
+  do. A worker that exits while starting on a port this class picked is started again on another
+  port (another process may have taken the port); one that still cannot start raises
+  RuntimeError carrying the last lines of its log.
   """
 
   def __init__(self, port: Optional[int] = None, max_concurrent_computation_calls: int = -1,
-               log_path: Optional[str] = None, listen_all: bool = False):
-    self.port = port or portpicker.pick_unused_port()
+               log_path: Optional[str] = None, listen_all: bool = False,
+               socket_path: Optional[str] = None, timeout: float = 60.0):
     self._temporary_log = log_path is None
     if log_path is None:
       fd, log_path = tempfile.mkstemp(prefix='tff_worker_', suffix='.log')
       os.close(fd)
     self.log_path = log_path
     self._log = open(log_path, 'ab')
-    args = [worker_binary_path(), f'--port={self.port}',
-            f'--max_concurrent_computation_calls={max_concurrent_computation_calls}']
-    # The worker's own TensorFlow reads TF_ENABLE_ONEDNN_OPTS at start-up (tf_env: on unless the
-    # user set it; docs/benchmarks.md §7 verifies that the worker honours it).
-    env = tf_env.worker_environment()
-    self.exposed = listen_all or not loopback.preload_environment(env)
-    if self.exposed and not listen_all:
-      logging.warning(
-          'The TFF worker on port %d listens on every interface of this machine, unauthenticated '
-          '(TFF\'s default): the loopback library could not be built (%s). Install a C compiler '
-          '(make setup installs gcc) to keep it on 127.0.0.1.', self.port,
-          loopback.unavailable_reason())
-    self.process = subprocess.Popen(
-        args, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-        preexec_fn=_die_with_parent, close_fds=True, env=env)
+    self._max_calls = max_concurrent_computation_calls
+    self.exposed = listen_all
+    self.socket_path: Optional[str] = None
+    self._folder: Optional[str] = None  # The private folder we made for the socket.
+    self._library: Optional[str] = None
+    self.binary_pid: Optional[int] = None
+    self.port = port
+    self.process: Optional[subprocess.Popen] = None
+    namespace_ok, namespace_reason = (False, 'not asked for') if listen_all else netns.available()
+    if listen_all:
+      self.isolation = 'none'
+    elif socket_path is not None or (port is None and namespace_ok):
+      if not namespace_ok:
+        self._close_log()
+        raise WorkerExposedError(
+            f'the TFF worker cannot run in a network namespace of its own ({namespace_reason}); '
+            'allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) or '
+            'serve it on a loopback port instead (bin/worker --port).')
+      self.isolation = 'namespace'
+    else:
+      self._library = loopback.library()
+      if self._library is None:
+        self._close_log()
+        raise WorkerExposedError(
+            'refusing to start the TFF worker: it would listen on every interface of this machine, '
+            f'unauthenticated. No network namespace ({namespace_reason}) and no loopback library '
+            f'({loopback.unavailable_reason()}). Install a C compiler (make setup installs gcc) '
+            'or allow user namespaces; or, knowing anyone who can reach the port can run code as '
+            'you, pass --worker_listen_all (bin/train) or --listen_all (bin/worker).')
+      self.isolation = 'loopback'
     with _lock:
       _processes.append(self)
     _install_handlers()
+    try:
+      self._start(socket_path, timeout)
+    except BaseException:
+      self.stop()
+      raise
+
+  # ---- start-up ----
+  def _worker_args(self, port) -> list[str]:
+    return [worker_binary_path(), f'--port={port}',
+            f'--max_concurrent_computation_calls={self._max_calls}']
+
+  def _popen(self, args, env) -> subprocess.Popen:
+    return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self._log,
+                            stderr=subprocess.STDOUT, preexec_fn=_die_with_parent, close_fds=True,
+                            env=env)
+
+  def _start(self, socket_path: Optional[str], timeout: float) -> None:
+    # The worker's own TensorFlow reads TF_ENABLE_ONEDNN_OPTS at start-up (tf_env: on unless the
+    # user set it; docs/benchmarks.md §7 verifies that the worker honours it).
+    env = tf_env.worker_environment()
+    if self.isolation == 'namespace':
+      if socket_path is None:
+        self._folder = netns.private_folder()
+        socket_path = os.path.join(self._folder, netns.SOCKET_NAME)
+      self.socket_path = socket_path
+      self.process = self._popen(netns.command(socket_path, self._worker_args('{port}')), env)
+      self._wait_started(timeout)
+      self.binary_pid = self._find_binary()
+      self.check()
+      return
+    if self.isolation == 'loopback':
+      env['LD_PRELOAD'] = f'{self._library} {env.get("LD_PRELOAD", "")}'.strip()
+    picked = self.port is None
+    for attempt in range(_START_ATTEMPTS if picked else 1):
+      if picked:
+        self.port = portpicker.pick_unused_port()
+      self.process = self._popen(self._worker_args(self.port), env)
+      self.binary_pid = self.process.pid
+      try:
+        self._wait_started(timeout)
+        if not loopback.shared_port(self.process.pid, self.port):
+          break
+        if not picked:
+          raise RuntimeError(f'port {self.port} is in use by another process; choose another.')
+        self._stop_process()  # Another worker took the port first: both got it (SO_REUSEPORT).
+        raise _StartFailed()
+      except _StartFailed:
+        if attempt + 1 == (_START_ATTEMPTS if picked else 1):
+          raise RuntimeError(self._start_failure('exited during start-up')) from None
+        logging.info('TFF worker on port %d did not get the port; trying another port', self.port)
+    if self.isolation == 'none':
+      logging.warning('The TFF worker on port %d listens on every interface of this machine, '
+                      'unauthenticated, as asked (--listen_all).', self.port)
+    else:
+      self.check()
+
+  def _start_failure(self, what: str) -> str:
+    where = self.socket_path or f'port {self.port}'
+    tail = _log_tail(self.log_path)
+    return (f'TFF worker ({where}) {what}; its log {self.log_path} ends: {tail or "(empty)"}')
+
+  def _wait_started(self, timeout: float) -> None:
+    """Until the worker listens: its Unix socket exists, or /proc shows it on its port."""
+    deadline = time.monotonic() + timeout
+    while True:
+      if self.process.poll() is not None:
+        if self.isolation == 'namespace':
+          raise RuntimeError(self._start_failure('exited during start-up'))
+        raise _StartFailed()
+      if self.socket_path is not None:
+        if os.path.lexists(self.socket_path):
+          return
+      elif self.port in [p for _, p in loopback.listening_addresses(self.process.pid)]:
+        return
+      if time.monotonic() > deadline:
+        raise RuntimeError(self._start_failure(f'did not start listening within {timeout:.0f}s'))
+      time.sleep(0.02)
+
+  def _find_binary(self) -> int:
+    """The worker_binary under the namespace's bridge process (its only child)."""
+    deadline = time.monotonic() + 10
+    while True:
+      found = netns.children(self.process.pid)
+      if found:
+        return found[0]
+      if time.monotonic() > deadline:
+        raise RuntimeError(self._start_failure('has no worker_binary process'))
+      time.sleep(0.02)
+
+  def problems(self) -> list[str]:
+    """Why someone other than this user could reach the worker, read from the kernel (empty:
+    nobody can, as far as the kernel says)."""
+    if self.isolation == 'namespace':
+      return netns.problems(self.binary_pid, self.socket_path)
+    return loopback.problems(self.binary_pid, self.port, self._library)
+
+  def check(self) -> None:
+    """Refuses (stops the worker, raises WorkerExposedError) a worker with `problems()`."""
+    if self.isolation == 'none':
+      return
+    found = self.problems()
+    if found:
+      self.stop()
+      raise WorkerExposedError(
+          f'refusing to use the TFF worker: {"; ".join(found)}. Its service is unauthenticated '
+          'and runs any TensorFlow graph it is sent. Run where user namespaces are allowed or '
+          'with the loopback library built (make setup); or, knowing anyone who can reach the '
+          'port can run code as you, pass --worker_listen_all (bin/train) or --listen_all '
+          '(bin/worker).')
+
+  def listening(self) -> str:
+    """Where the worker can be reached, as the kernel reports it (for bin/worker's first line)."""
+    if self.isolation == 'namespace':
+      st = os.lstat(self.socket_path)
+      tcp = loopback.listening_addresses(self.binary_pid)
+      return (f'unix socket {self.socket_path} (mode {stat.S_IMODE(st.st_mode):04o}, owner uid '
+              f'{st.st_uid}); its TCP port{"s" if len(tcp) != 1 else ""} '
+              f'{", ".join(str(p) for _, p in tcp)} only inside its own network namespace '
+              f'(interfaces: {", ".join(netns.interfaces(self.binary_pid))})')
+    addresses = loopback.listening_addresses(self.binary_pid)
+    return ', '.join(f'[{h}]:{p}' if ':' in h else f'{h}:{p}' for h, p in addresses)
 
   @property
   def address(self) -> str:
-    # The loopback library binds 127.0.0.1 (IPv4, or IPv4-mapped on TFF's dual-stack socket).
+    """The gRPC target: 'unix:<path>', or 127.0.0.1:<port> (the loopback library binds IPv4, or
+    IPv4-mapped on TFF's dual-stack socket), or localhost:<port> when listening everywhere."""
+    if self.socket_path is not None:
+      return f'unix:{self.socket_path}'
     return f'{"localhost" if self.exposed else "127.0.0.1"}:{self.port}'
 
-  def check_loopback(self) -> list[str]:
-    """After start-up: the worker's listening addresses off loopback, read from /proc (empty when
-    it is reachable from this machine only). Logs one warning line if there are any and the
-    worker was meant to be on loopback (a library that loaded but did not take effect)."""
-    exposed = loopback.exposed_addresses(self.process.pid)
-    if exposed and not self.exposed:
-      self.exposed = True
-      logging.warning('The TFF worker (pid %d) listens on %s despite the loopback library; it is '
-                      'reachable from the network, unauthenticated.', self.process.pid,
-                      ', '.join(exposed))
-    return exposed
-
   def alive(self) -> bool:
-    return self.process.poll() is None
+    return self.process is not None and self.process.poll() is None
 
-  def stop(self, timeout: float = 5.0) -> None:
-    if self.process.poll() is None:
+  def _close_log(self) -> None:
+    if not self._log.closed:
+      self._log.close()
+    if self._temporary_log and os.path.exists(self.log_path):
+      os.remove(self.log_path)  # Nobody asked for it; a run's own log lives in its output dir.
+
+  def _stop_process(self, timeout: float = 5.0) -> None:
+    if self.process is not None and self.process.poll() is None:
       self.process.send_signal(signal.SIGINT)
       try:
         self.process.wait(timeout)
       except subprocess.TimeoutExpired:
         self.process.kill()
         self.process.wait()
-    self._log.close()
-    if self._temporary_log and os.path.exists(self.log_path):
-      os.remove(self.log_path)  # Nobody asked for it; a run's own log lives in its output dir.
+
+  def stop(self, timeout: float = 5.0) -> None:
+    self._stop_process(timeout)
+    self._close_log()
+    if self._folder is not None:
+      shutil.rmtree(self._folder, ignore_errors=True)
     with _lock:
       if self in _processes:
         _processes.remove(self)
+
+
+class _StartFailed(Exception):
+  """The worker exited while starting on a port we picked (another process may hold it)."""
 
 
 def worker_pids() -> list[int]:
@@ -209,22 +393,28 @@ def _wait_ready(stub: tff.framework.RemoteExecutorGrpcStub, address: str, timeou
   deadline = time.monotonic() + timeout
   while not stub.is_ready:
     if process is not None and not process.alive():
-      raise RuntimeError(f'TFF worker at {address} exited during start-up; see {process.log_path}')
+      raise RuntimeError(process._start_failure('exited during start-up'))  # pylint: disable=protected-access
     if time.monotonic() > deadline:
       if process is not None:
-        raise RuntimeError(f'TFF worker at {address} did not become ready within {timeout:.0f}s; '
-                           f'see {process.log_path}')
+        raise RuntimeError(process._start_failure(  # pylint: disable=protected-access
+            f'did not answer within {timeout:.0f}s'))
       raise WorkerUnavailableError(
           f'--workers: no TFF worker answers at {address} (waited {timeout:.0f}s); start one '
-          'there (python -m bin.worker --port=PORT) or fix --workers.')
+          'there (python -m bin.worker --socket=PATH) or fix --workers.')
     time.sleep(0.1)
 
 
 def parse_address(address: str) -> tuple[str, int]:
+  """(host, port) of 'host:port'; ('unix:<path>', 0) of a Unix socket (bin/worker --socket, or
+  the local end of `ssh -L /local.sock:/remote.sock`)."""
+  if address.startswith('unix:'):
+    if not address[len('unix:'):].startswith('/'):
+      raise ValueError(f'--workers: {address!r} is not unix:/absolute/path/of/a/socket.')
+    return address, 0
   host, sep, port = address.rpartition(':')
   if not sep or not host or not port.isdigit():
-    raise ValueError(f'--workers: {address!r} is not host:port (e.g. 127.0.0.1:8001, the local '
-                     'end of an SSH tunnel to a worker).')
+    raise ValueError(f'--workers: {address!r} is not unix:/path or host:port (e.g. '
+                     'unix:/run/user/1000/w1.sock, the local end of an SSH tunnel to a worker).')
   return host, int(port)
 
 
@@ -367,8 +557,8 @@ class _LocalStub:
   """Starts the local worker lazily, and again if it died (TFF's own manager does the same)."""
 
   def __init__(self, max_concurrent_computation_calls: int, log_path: Optional[str],
-               timeout: float):
-    self._args = (max_concurrent_computation_calls, log_path)
+               timeout: float, listen_all: bool = False):
+    self._args = (max_concurrent_computation_calls, log_path, listen_all)
     self._timeout = timeout
     self._process: Optional[WorkerProcess] = None
     self._stub = None
@@ -378,10 +568,12 @@ class _LocalStub:
       return self._stub
     if self._process is not None:
       self._process.stop()
+    # The constructor returns only a worker checked from the kernel's side (WorkerProcess.check):
+    # no computation reaches a worker others could reach.
     self._process = WorkerProcess(max_concurrent_computation_calls=self._args[0],
-                                  log_path=self._args[1])
+                                  log_path=self._args[1], listen_all=self._args[2],
+                                  timeout=self._timeout)
     self._stub = _remote_stub(self._process.address, self._process, self._timeout)
-    self._process.check_loopback()
     return self._stub
 
 
@@ -392,14 +584,17 @@ def install(max_concurrent_computation_calls: int = -1, log_path: Optional[str] 
   Args:
     max_concurrent_computation_calls: passed to the local worker (-1: unlimited).
     log_path: where the local worker's output goes (default: a temporary file).
-    workers: remote `host:port` addresses of running TFF workers (bin/worker). Empty: one local
-      worker process, owned by this process. One address: that worker runs everything. Several:
+    workers: addresses of running TFF workers (bin/worker): `unix:/path` of a Unix socket or
+      `host:port`. Empty: one local worker process, owned by this process (WorkerProcess: in a
+      network namespace of its own where the machine allows it, else on loopback; refused when
+      neither can be had, unless set_listen_all(True)). One address: that worker runs everything. Several:
       TFF's mergeable computation form splits the clients of each round across them (run by
       _MergeableContext, which keeps client order; docs/remote_workers.md).
     timeout: seconds to wait for a worker to answer.
   """
   if not workers:
-    context = _make_context(_LocalStub(max_concurrent_computation_calls, log_path, timeout))
+    context = _make_context(_LocalStub(max_concurrent_computation_calls, log_path, timeout,
+                                       _listen_all))
   else:
     addresses = list(workers)
     for a in addresses:
@@ -426,7 +621,7 @@ def install_program(max_concurrent_computation_calls: int = -1, log_path: Option
   """Sets a `tff.program.NativeFederatedContext` (what `tff.learning.programs.train_model` needs;
   it refuses the synchronous context of `install`) on the same locally owned worker: output to
   a log file, stopped with its parent and by `stop_all()`."""
-  stub = _LocalStub(max_concurrent_computation_calls, log_path, timeout)
+  stub = _LocalStub(max_concurrent_computation_calls, log_path, timeout, _listen_all)
   context = _make_context(stub, asynchronous=True)
   tff.framework.set_default_context(tff.program.NativeFederatedContext(context))
 
