@@ -43,6 +43,14 @@ def define_flags(fv: flags.FlagValues = FLAGS) -> None:
   for name in cli.define_train_flags(fv):
     # Defined in tff_decorr.run.cli; declared here so that --help lists them, as before.
     flags.declare_key_flag(name, flag_values=fv)
+  # bin/train's own (bin/study never starts a worker itself): not part of a run's configuration.
+  flags.DEFINE_bool(
+      'worker_listen_all', False,
+      'Let the local TFF worker (--runtime=tff) listen on every network interface, unchecked, '
+      'where it can be neither in a network namespace of its own nor kept on loopback (no C '
+      'compiler). Its service is unauthenticated: anyone who can reach the port can run any '
+      'TensorFlow graph as this user. Without it, such a run is refused (docs/security.md).',
+      flag_values=fv)
 
 
 def resolve_configs(fv: flags.FlagValues = FLAGS) -> list:
@@ -73,6 +81,7 @@ def run(fv: flags.FlagValues) -> int:
   from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import phases  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
+  tff_context.set_listen_all(fv.worker_listen_all)
   results = []
   start_up = phases.since_process_start()  # Interpreter, imports, flags: the first run's share.
   for config in resolve_configs(fv):

@@ -140,15 +140,21 @@ def main(argv: list) -> int:
   loopback_up()
   port = free_port()
   command = [a.replace('{port}', str(port)) for a in command]
-  worker = subprocess.Popen(command, stdin=subprocess.DEVNULL,
-                            preexec_fn=lambda: _die_with(signal.SIGKILL))
+  worker = None
 
   def stop(signum, frame):
     del signum, frame
-    if worker.poll() is None:
+    if worker is not None and worker.poll() is None:
       worker.send_signal(signal.SIGINT)
   signal.signal(signal.SIGTERM, stop)
   signal.signal(signal.SIGINT, stop)
+
+  def preexec():
+    _die_with(signal.SIGKILL)
+    # A shell starts background jobs with SIGINT ignored, and exec keeps an ignored signal
+    # ignored: the worker must still stop on the SIGINT this process sends it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+  worker = subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=preexec)
   listener = None
   try:
     if _wait_listening(port, worker):

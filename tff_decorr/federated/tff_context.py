@@ -129,6 +129,14 @@ def _log_tail(path: str, lines: int = 8) -> str:
 _START_ATTEMPTS = 4
 
 
+def _worker_preexec() -> None:
+  _die_with_parent()
+  # A shell starts background jobs (`python -m bin.worker ... &`) with SIGINT ignored, and exec
+  # keeps it ignored: `stop` would then wait for nothing and kill the worker (the namespace's
+  # bridge could not remove its socket).
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class WorkerProcess:
   """One `worker_binary` serving TFF's executor service to this user only.
 
@@ -205,7 +213,7 @@ class WorkerProcess:
 
   def _popen(self, args, env) -> subprocess.Popen:
     return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self._log,
-                            stderr=subprocess.STDOUT, preexec_fn=_die_with_parent, close_fds=True,
+                            stderr=subprocess.STDOUT, preexec_fn=_worker_preexec, close_fds=True,
                             env=env)
 
   def _start(self, socket_path: Optional[str], timeout: float) -> None:

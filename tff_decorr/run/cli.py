@@ -122,7 +122,7 @@ def run_guarded(prog: str, fn, interrupted_message=None) -> int:
     return EXIT_INTERRUPTED
   except (program.NonFiniteError, program.DiskFullError, tff_context.WorkerLostError) as e:
     return fail(e, EXIT_RUN_FAILED)
-  except (ValueError, tff_context.WorkerUnavailableError) as e:
+  except (ValueError, tff_context.WorkerUnavailableError, tff_context.WorkerExposedError) as e:
     return fail(e, EXIT_USAGE)
   except FileNotFoundError as e:  # Missing datasets (their messages name the flag) and paths.
     return fail(os_error_message(e) if e.filename else e, EXIT_USAGE)
@@ -224,7 +224,8 @@ def define_train_flags(fv) -> list:
   flags.DEFINE_integer('eval_every', None, 'Evaluate every N rounds (and at the end).', **d)
   flags.DEFINE_integer('export_every', 0, 'Also export a SavedModel every N rounds (0: end '
                        'only).', **d)
-  flags.DEFINE_string('workers', '', 'Comma-separated host:port of TFF workers (bin/worker).', **d)
+  flags.DEFINE_string('workers', '', 'Comma-separated TFF workers (bin/worker): unix:/path of a Unix '
+                      'socket (e.g. the local end of ssh -L) or host:port.', **d)
   flags.DEFINE_integer('max_concurrent_computation_calls', -1,
                        'Clients trained at once: by TFF\'s worker (-1: as many as it likes) '
                        'and by --runtime=tf (-1: one per CPU core on a CPU, 1 on a GPU).', **d)
