@@ -50,7 +50,7 @@ def main(argv):
     raise app.UsageError('--rounds must be >= 2 (round 1 includes compilation).')
   tff_context.install()  # Replaces TFF's import-time default context (it starts nothing itself).
   workers = [tff_context.WorkerProcess() for _ in range(2)]
-  addresses = [f'127.0.0.1:{w.port}' for w in workers]
+  addresses = [w.address for w in workers]
   with tempfile.TemporaryDirectory() as tmp:
     results = {
         'single process': _run(tmp, 'single', []),

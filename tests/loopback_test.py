@@ -1,7 +1,11 @@
 """tff_decorr/federated/loopback.py: the preloaded library turns wildcard binds into loopback binds
-(checked on real sockets, read back by the kernel and by psutil), and the /proc reader agrees with
-psutil. The worker itself is checked in tff_context_test and remote_workers_test."""
+(checked on real sockets, read back by the kernel and by psutil), the /proc reader agrees with
+psutil, the library is looked up only in trusted folders, and a worker that cannot be kept to this
+machine is refused (a library that does not load, no compiler). Every test that opens a wildcard
+socket does it in a network namespace of its own. The isolated worker itself is checked in
+tff_context_test and remote_workers_test."""
 
+import json
 import os
 import shutil
 import socket
@@ -12,7 +16,6 @@ import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import logging
 from absl.testing import absltest
 
 from tests import testutil
@@ -62,8 +65,10 @@ class LoopbackLibraryTest(absltest.TestCase):
     env = dict(os.environ)
     if preload:
       env['LD_PRELOAD'] = self.library
-    out = subprocess.run([sys.executable, '-c', _BIND, *args], env=env, capture_output=True,
-                         text=True, check=True)
+    # Wildcard binds, with the library or without, happen in a network namespace of their own.
+    _needs_namespaces()
+    out = subprocess.run(testutil.in_own_network([sys.executable, '-c', _BIND, *args]), env=env,
+                         capture_output=True, text=True, check=True)
     return out.stdout.split()
 
   def test_wildcard_binds_become_loopback(self):
@@ -86,25 +91,68 @@ class LoopbackLibraryTest(absltest.TestCase):
     self.assertTrue(os.path.basename(self.library).startswith('tff_decorr_loopback_bind-'))
 
 
-class ListeningAddressesTest(absltest.TestCase):
-
-  def test_agrees_with_psutil_and_flags_what_is_off_loopback(self):
+# Run inside a network namespace of its own (testutil.in_own_network): listens on 127.0.0.1 and
+# on 0.0.0.0 (which then exists only in that namespace), and prints what the project's /proc
+# reader and psutil say.
+_LISTENERS = textwrap.dedent('''
+    import json, os, socket, sys
+    import psutil
+    from tff_decorr.federated import loopback
     sockets = []
-    for family, address in ((socket.AF_INET, '127.0.0.1'), (socket.AF_INET, '0.0.0.0')):
-      s = socket.socket(family)
+    for address in ('127.0.0.1', '0.0.0.0'):
+      s = socket.socket()
       s.bind((address, 0))
       s.listen(1)
       sockets.append(s)
+    ours = sorted(loopback.listening_addresses(os.getpid()))
+    theirs = sorted((c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections('tcp')
+                    if c.status == psutil.CONN_LISTEN)
+    exposed = loopback.exposed_addresses(os.getpid())
+    wildcard = sockets[1].getsockname()[1]
+    for s in sockets:
+      s.close()
+    print(json.dumps([ours, theirs, exposed, wildcard, loopback.listening_addresses(os.getpid())]))
+''')
+
+# Started with TFF_DECORR_WORKER_NAMESPACE=0 inside a namespace of its own: a worker on the
+# loopback library's path whose library is the file in argv[1]; prints what happened.
+_REFUSAL = textwrap.dedent('''
+    import json, os, sys
+    from tff_decorr.federated import loopback, tff_context
+    loopback.library = lambda: sys.argv[1]
     try:
-      ours = sorted(loopback.listening_addresses(os.getpid()))
-      theirs = sorted(testutil.listening(os.getpid()))
-      self.assertEqual(ours, theirs)
-      wildcard_port = sockets[1].getsockname()[1]
-      self.assertEqual(loopback.exposed_addresses(os.getpid()), [f'0.0.0.0:{wildcard_port}'])
-    finally:
-      for s in sockets:
-        s.close()
-    self.assertEqual(loopback.listening_addresses(os.getpid()), [])
+      worker = tff_context.WorkerProcess()
+    except tff_context.WorkerExposedError as e:
+      print(json.dumps({'refused': str(e), 'left': tff_context.worker_pids()}))
+    else:
+      print(json.dumps({'started': worker.listening()}))
+      worker.stop()
+''')
+
+
+def _python():
+  return testutil.PYTHON if os.path.exists(testutil.PYTHON) else sys.executable
+
+
+def _needs_namespaces():
+  if not testutil.namespaces_available():
+    raise absltest.SkipTest('this test opens a wildcard socket, which it does only inside a '
+                            'network namespace of its own; unshare --user --net is not allowed '
+                            'here')
+
+
+class ListeningAddressesTest(absltest.TestCase):
+
+  def test_agrees_with_psutil_and_flags_what_is_off_loopback(self):
+    _needs_namespaces()
+    out = subprocess.run(testutil.in_own_network([_python(), '-c', _LISTENERS]),
+                         cwd=testutil.REPO_ROOT, capture_output=True, text=True, timeout=120)
+    self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+    ours, theirs, exposed, wildcard, after = json.loads(out.stdout.splitlines()[-1])
+    self.assertEqual(ours, theirs)
+    self.assertLen(ours, 2)
+    self.assertEqual(exposed, [f'0.0.0.0:{wildcard}'])
+    self.assertEqual(after, [])
 
   def test_is_loopback(self):
     for host in ('127.0.0.1', '127.1.2.3', '::1', '::ffff:127.0.0.1'):
@@ -113,23 +161,153 @@ class ListeningAddressesTest(absltest.TestCase):
       self.assertFalse(loopback.is_loopback(host), host)
 
 
-class FallbackTest(absltest.TestCase):
+class LibraryFoldersTest(absltest.TestCase):
 
-  def test_worker_without_the_library_says_so_in_one_line(self):
+  def test_only_the_venv_and_the_users_cache_are_searched(self):
+    folders = loopback._candidate_dirs()  # pylint: disable=protected-access
+    self.assertEqual(folders, [os.path.join(sys.prefix, 'lib', 'tff_decorr'),
+                               loopback.cache_dir()])
+    self.assertTrue(loopback.cache_dir().startswith(os.path.expanduser('~')) or
+                    'XDG_CACHE_HOME' in os.environ)
+    for folder in folders:
+      self.assertFalse(folder.startswith(tempfile.gettempdir() + os.sep), folder)
+
+
+class LibraryLookupTest(absltest.TestCase):
+  """The library is taken only from the venv or the user's own 0700 folder, checked first."""
+
+  def setUp(self):
+    super().setUp()
+    self.tmp = tempfile.mkdtemp(prefix='loopback_lookup_')
+    self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+    self.venv = os.path.join(self.tmp, 'venv', 'lib', 'tff_decorr')
+    self.cache = os.path.join(self.tmp, 'cache', 'tff_decorr', 'loopback')
+    for name, value in (('venv_dir', lambda: self.venv), ('cache_dir', lambda: self.cache),
+                        ('_cached', None), ('_reason', None)):
+      self.addCleanup(setattr, loopback, name, getattr(loopback, name))
+      setattr(loopback, name, value)
+
+  def _plant(self, folder, folder_mode=0o700, file_mode=0o755):
+    os.makedirs(folder, exist_ok=True)
+    os.chmod(folder, folder_mode)
+    path = os.path.join(folder, f'tff_decorr_loopback_bind-{loopback._digest()}.so')  # pylint: disable=protected-access
+    with open(path, 'wb') as f:
+      f.write(b'planted')
+    os.chmod(path, file_mode)
+    return path
+
+  def test_a_file_others_can_write_is_not_used(self):
+    for folder_mode, file_mode in ((0o700, 0o757), (0o777, 0o755)):
+      path = self._plant(self.cache, folder_mode, file_mode)
+      self.assertIsNotNone(loopback.untrusted_reason(path), (folder_mode, file_mode))
+      loopback._cached = None  # pylint: disable=protected-access
+      self.assertNotEqual(loopback.library(), path)
+      shutil.rmtree(os.path.dirname(self.cache))
+
+  def test_a_symbolic_link_or_another_users_file_is_not_used(self):
+    real = self._plant(os.path.join(self.tmp, 'elsewhere'))
+    os.makedirs(self.cache, mode=0o700)
+    link = os.path.join(self.cache, os.path.basename(real))
+    os.symlink(real, link)
+    self.assertIn('symbolic link', loopback.untrusted_reason(link))
+    if os.getuid() == 0:  # Only root can give a file away; other users check the owner's rule.
+      os.chown(real, 65534, 65534)
+      self.assertIn('owned by uid 65534', loopback.untrusted_reason(real))
+
+  def test_the_cache_folder_is_made_0700_and_a_looser_one_refused(self):
+    if loopback.compiler() is None:
+      self.skipTest('no C compiler: make setup installs gcc')
+    os.makedirs(os.path.dirname(self.cache), mode=0o755)
+    os.makedirs(self.cache, mode=0o777)
+    os.chmod(self.cache, 0o777)
+    with self.assertRaisesRegex(OSError, 'writable by it alone'):
+      loopback.build(self.cache)
+    os.chmod(self.cache, 0o755)  # Ours, readable by others only: tightened, then used.
+    built = loopback.build(self.cache)
+    self.assertEqual(os.stat(self.cache).st_mode & 0o777, 0o700)
+    self.assertIsNone(loopback.untrusted_reason(built))
+
+  def test_a_missing_compiler_leaves_no_library_and_says_why(self):
+    self.addCleanup(os.environ.__setitem__, 'PATH', os.environ['PATH'])
+    os.environ['PATH'] = self.tmp  # No cc or gcc in it.
+    env_cc = os.environ.pop('CC', None)
+    if env_cc is not None:
+      self.addCleanup(os.environ.__setitem__, 'CC', env_cc)
+    self.assertIsNone(loopback.compiler())
+    self.assertIsNone(loopback.library())
+    self.assertIn('no C compiler', loopback.unavailable_reason())
+
+
+class RefusalTest(absltest.TestCase):
+  """Where the worker cannot be isolated, it is refused: one line, no worker left, no computation."""
+
+  def setUp(self):
+    super().setUp()
+    from tff_decorr.federated import netns  # pylint: disable=g-import-not-at-top
     from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
-    original = loopback.library
-    loopback.library = lambda: None
+    self.netns, self.tff_context = netns, tff_context
+    self.tmp = tempfile.mkdtemp(prefix='loopback_refusal_')
+    self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+
+  def _without_namespace_or_compiler(self):
+    for module, name, value in ((self.netns, '_available', (False, 'not allowed in this test')),
+                                (loopback, 'library', lambda: None),
+                                (loopback, '_reason', 'no C compiler (cc or gcc) on PATH')):
+      self.addCleanup(setattr, module, name, getattr(module, name))
+      setattr(module, name, value)
+
+  def test_missing_compiler_without_namespace_is_refused_in_one_line(self):
+    self._without_namespace_or_compiler()
+    with self.assertRaises(self.tff_context.WorkerExposedError) as raised:
+      self.tff_context.WorkerProcess()
+    message = str(raised.exception)
+    self.assertNotIn('\n', message)
+    self.assertIn('refusing', message)
+    self.assertIn('C compiler', message)  # why, and what to do
+    self.assertIn('--worker_listen_all', message)
+    self.assertEqual(self.tff_context.worker_pids(), [])  # nothing was started
+
+  def test_missing_compiler_with_a_namespace_needs_no_library(self):
+    if not self.netns.available()[0]:
+      self.skipTest(f'no user namespaces here: {self.netns.available()[1]}')
+    for name, value in (('library', lambda: None), ('_reason', 'no C compiler')):
+      self.addCleanup(setattr, loopback, name, getattr(loopback, name))
+      setattr(loopback, name, value)
+    worker = self.tff_context.WorkerProcess()
     try:
-      with self.assertLogs(logging.get_absl_logger(), 'WARNING') as logs:
-        worker = tff_context.WorkerProcess()
-      worker.stop()
+      self.assertEqual(worker.isolation, 'namespace')
+      self.assertEqual(worker.problems(), [])
     finally:
-      loopback.library = original
-    self.assertTrue(worker.exposed)
-    (line,) = [r.getMessage() for r in logs.records]
-    self.assertNotIn('\n', line)
-    self.assertIn('listens on every interface', line)
-    self.assertIn('C compiler', line)
+      worker.stop()
+
+  def _refusal(self, library_path):
+    _needs_namespaces()
+    env = dict(os.environ, TFF_DECORR_WORKER_NAMESPACE='0')
+    out = subprocess.run(testutil.in_own_network([_python(), '-c', _REFUSAL, library_path]),
+                         cwd=testutil.REPO_ROOT, capture_output=True, text=True, timeout=180,
+                         env=env)
+    self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+    return json.loads(out.stdout.splitlines()[-1])
+
+  def test_a_library_that_exists_but_does_not_load_is_refused(self):
+    # A corrupt library: the loader skips it (its complaint goes to the worker's log) and the
+    # worker binds the wildcard. In a namespace of this test's own, so nothing is exposed here.
+    broken = os.path.join(self.tmp, 'broken.so')
+    with open(broken, 'wb') as f:
+      f.write(b'\x7fELF not really a shared object')
+    result = self._refusal(broken)
+    self.assertIn('refused', result, result)  # Fails if the check after start-up is removed.
+    self.assertNotIn('\n', result['refused'])
+    self.assertIn('did not load', result['refused'])
+    self.assertIn('off loopback', result['refused'])
+    self.assertEqual(result['left'], [])
+
+  def test_a_library_that_loads_is_accepted_on_the_same_path(self):
+    if loopback.compiler() is None:
+      self.skipTest('no C compiler: make setup installs gcc')
+    result = self._refusal(loopback.build(os.path.join(self.tmp, 'lib')))
+    self.assertIn('started', result, result)
+    self.assertIn('127.0.0.1', result['started'].replace('::ffff:7f00:1', '127.0.0.1'))
 
 
 if __name__ == '__main__':

@@ -131,7 +131,7 @@ class StepSpeedTest(tf.test.TestCase):
   def test_worker_binary_gets_the_variable(self):
     worker = tff_context.WorkerProcess()
     try:
-      with open(f'/proc/{worker.process.pid}/environ', 'rb') as f:
+      with open(f'/proc/{worker.binary_pid}/environ', 'rb') as f:
         environ = f.read().split(b'\0')
     finally:
       worker.stop()

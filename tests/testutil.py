@@ -203,3 +203,31 @@ def resnet20_f64(state):
     m = models.build('resnet20', num_classes=10, input_shape=(32, 32, 3))
   torch_import.assign_torch_state(m, state)
   return m
+
+
+def namespaces_available() -> bool:
+  """Whether this user can make a user+network namespace (`unshare --user --net`)."""
+  try:
+    return subprocess.run(['unshare', '--user', '--net', '--map-root-user', 'true'],
+                          capture_output=True, timeout=30).returncode == 0
+  except (OSError, subprocess.TimeoutExpired):
+    return False
+
+
+def in_own_network(argv: list[str]) -> list[str]:
+  """`argv` run in a user+network namespace of its own, its loopback up: for a test that opens a
+  socket on every interface, which then exist only inside that namespace."""
+  up = ('import importlib.util, os, sys; '
+        'spec = importlib.util.spec_from_file_location("netns_bridge", sys.argv[1]); '
+        'bridge = importlib.util.module_from_spec(spec); spec.loader.exec_module(bridge); '
+        'bridge.loopback_up(); os.execvp(sys.argv[2], sys.argv[2:])')
+  python = PYTHON if os.path.exists(PYTHON) else sys.executable
+  bridge = os.path.join(REPO_ROOT, 'tff_decorr', 'federated', 'netns_bridge.py')
+  return ['unshare', '--user', '--net', '--map-root-user', python, '-c', up, bridge, *argv]
+
+
+def socket_mode_and_owner(path: str) -> tuple[bool, int, int]:
+  """(is a socket, permission bits, owner uid) of `path`, from the kernel (lstat)."""
+  import stat  # pylint: disable=g-import-not-at-top
+  st = os.lstat(path)
+  return stat.S_ISSOCK(st.st_mode), stat.S_IMODE(st.st_mode), st.st_uid
