@@ -1,12 +1,17 @@
 """Simulations across TFF remote workers (bin/worker): same results, clear errors, no leftovers.
 
-Two `bin.worker` processes on free loopback ports; `bin.train --workers=A,B` runs two rounds across
-them (TFF's mergeable-computation context) and its exported model must equal a plain single-process
-`--runtime=tff` run of the same config. A dead worker gives a one-line error naming --workers, and
-killing the workers (SIGTERM and SIGKILL) leaves none of their worker_binary children behind.
+Two `bin.worker --socket` processes (each worker in a network namespace of its own, behind a 0600
+Unix socket, as the far end of an `ssh -L` tunnel would be); `bin.train --workers=unix:A,unix:B`
+runs two rounds across them (TFF's mergeable-computation context) and its exported model must
+equal a plain single-process `--runtime=tff` run of the same config. A dead worker gives a
+one-line error naming --workers, and killing the workers (SIGTERM and SIGKILL) leaves none of
+their worker_binary children behind. `bin.worker --port` serves 127.0.0.1 and `--listen_all`
+every interface, said as the kernel reports it (the latter only inside a namespace of the test's
+own).
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,20 +38,22 @@ def _python():
   return testutil.PYTHON if os.path.exists(testutil.PYTHON) else sys.executable
 
 
-def _start_worker(port, log):
-  proc = subprocess.Popen([_python(), '-m', 'bin.worker', f'--port={port}', f'--log={log}'],
+def _start_worker(socket_path, log):
+  proc = subprocess.Popen([_python(), '-m', 'bin.worker', f'--socket={socket_path}', f'--log={log}'],
                           cwd=testutil.REPO_ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, text=True)
-  line = proc.stdout.readline()  # Printed once worker_binary has been started.
-  if 'serving on port' not in line:
+  line = proc.stdout.readline()  # Printed once the worker listens, as the kernel says.
+  if 'serving on' not in line:
     proc.kill()
     raise AssertionError(f'bin.worker did not start: {line!r}')
+  proc.first_line = line
   return proc
 
 
 def _binaries_of(proc):
+  # The binary itself, not the namespace's bridge (whose arguments name it).
   return [c.pid for c in psutil.Process(proc.pid).children(recursive=True)
-          if 'worker_binary' in ' '.join(c.cmdline())]
+          if os.path.basename(c.cmdline()[0]) == 'worker_binary']
 
 
 def _gone(pids, timeout=15.0):
@@ -69,46 +76,25 @@ def _logits(saved_model_dir):
 
 class RemoteWorkersTest(absltest.TestCase):
 
-  def test_workers_listen_on_loopback_only(self):
-    for proc in self.workers:
+  def test_workers_have_no_network_and_owner_only_sockets(self):
+    for proc, path in zip(self.workers, self.sockets):
       (binary,) = _binaries_of(proc)
-      sockets = testutil.listening(binary)
-      self.assertNotEmpty(sockets)
-      for host, port in sockets:
-        self.assertTrue(testutil.loopback(host), f'bin.worker listens on {host}:{port}')
-
-  def test_listen_all_is_explicit_and_warns(self):
-    port = portpicker.pick_unused_port()
-    proc = subprocess.Popen([_python(), '-m', 'bin.worker', f'--port={port}', '--listen_all',
-                             f'--log={os.path.join(self.tmp, "all.log")}'],
-                            cwd=testutil.REPO_ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-      warning = ''
-      for _ in range(50):  # TensorFlow's start-up lines come first
-        warning = proc.stderr.readline()
-        if 'WARNING: --listen_all' in warning or not warning:
-          break
-      self.assertIn('WARNING: --listen_all', warning)
-      self.assertIn('unauthenticated', warning)
-      self.assertIn('every interface', proc.stdout.readline())
-      (binary,) = _binaries_of(proc)
-      hosts = [h for h, _ in testutil.listening(binary)]
-      self.assertNotEmpty(hosts)
-      self.assertFalse(any(testutil.loopback(h) for h in hosts), hosts)
-    finally:
-      proc.kill()  # at once: nothing connects to it
-      proc.wait()
-      proc.stdout.close()
-      proc.stderr.close()
+      self.assertNotEqual(os.stat(f'/proc/{binary}/ns/net').st_ino,
+                          os.stat('/proc/self/ns/net').st_ino)
+      is_socket, mode, owner = testutil.socket_mode_and_owner(path)
+      self.assertTrue(is_socket)
+      self.assertEqual((mode, owner), (0o600, os.getuid()))
+      self.assertIn(f'unix socket {path} (mode 0600, owner uid {os.getuid()})', proc.first_line)
+      self.assertIn('interfaces: lo)', proc.first_line)
 
   def setUp(self):
     super().setUp()
     self.tmp = tempfile.mkdtemp(prefix='remote_workers_test_')
     self.cache = os.path.join(self.tmp, 'cache')
-    self.ports = [portpicker.pick_unused_port() for _ in range(2)]
-    self.workers = [_start_worker(p, os.path.join(self.tmp, f'worker{p}.log'))
-                    for p in self.ports]
+    # Each worker's socket in a folder of its own, as on two machines (bin.worker makes it 0700).
+    self.sockets = [os.path.join(self.tmp, f'host{i}', 'worker.sock') for i in range(2)]
+    self.workers = [_start_worker(p, os.path.join(self.tmp, f'worker{i}.log'))
+                    for i, p in enumerate(self.sockets)]
     self.addCleanup(self._stop_workers)
 
   def _stop_workers(self):
@@ -125,7 +111,7 @@ class RemoteWorkersTest(absltest.TestCase):
             f'--output_dir={os.path.join(self.tmp, out)}', *extra]
 
   def test_two_workers_equal_single_process_then_errors_and_no_leftovers(self):
-    workers_flag = '--workers=' + ','.join(f'127.0.0.1:{p}' for p in self.ports)
+    workers_flag = '--workers=' + ','.join(f'unix:{p}' for p in self.sockets)
     binaries = [_binaries_of(w) for w in self.workers]
     for b in binaries:
       self.assertLen(b, 1)
@@ -159,9 +145,9 @@ class RemoteWorkersTest(absltest.TestCase):
     self.workers[1].send_signal(signal.SIGKILL)
     self.workers[1].wait(timeout=30)
     self.assertEqual(_gone(binaries[0] + binaries[1]), [])
-    ours = [l for l in testutil.worker_binaries()
-            if any(f'--port={p} ' in l + ' ' for p in self.ports)]
+    ours = [l for l in testutil.worker_binaries() if any(p in l for p in self.sockets)]
     self.assertEqual(ours, [])
+    self.assertFalse(os.path.exists(self.sockets[0]))  # removed by the worker that was stopped
 
     # A worker that is not running: one line naming --workers, exit 2, no traceback.
     dead = subprocess.run(self._train('remote', workers_flag, '--rounds=3'),
@@ -171,7 +157,79 @@ class RemoteWorkersTest(absltest.TestCase):
     errors = [l for l in dead.stderr.splitlines() if l.startswith('train: error:')]
     self.assertLen(errors, 1)
     self.assertIn('--workers', errors[0])
-    self.assertIn(f'127.0.0.1:{self.ports[0]}', errors[0])
+    self.assertIn(f'unix:{self.sockets[0]}', errors[0])
+
+
+class WorkerFlagsTest(absltest.TestCase):
+  """bin.worker's other ways to serve, and its refusals, said from the kernel's side."""
+
+  def setUp(self):
+    super().setUp()
+    self.tmp = tempfile.mkdtemp(prefix='remote_workers_flags_')
+    self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+
+  def test_port_serves_loopback_said_from_the_sockets(self):
+    port = portpicker.pick_unused_port()
+    proc = subprocess.Popen([_python(), '-m', 'bin.worker', f'--port={port}',
+                             f'--log={os.path.join(self.tmp, "port.log")}'],
+                            cwd=testutil.REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+      line = proc.stdout.readline()
+      (binary,) = _binaries_of(proc)
+      sockets = testutil.listening(binary)
+      self.assertNotEmpty(sockets)
+      for host, p in sockets:
+        self.assertTrue(testutil.loopback(host), f'bin.worker listens on {host}:{p}')
+      self.assertIn(f':{port}', line)
+      self.assertNotIn('[::]', line)
+    finally:
+      proc.kill()
+      proc.wait()
+      proc.stdout.close()
+
+  def test_a_socket_folder_others_can_enter_is_refused(self):
+    folder = os.path.join(self.tmp, 'open')
+    os.mkdir(folder)
+    os.chmod(folder, 0o755)
+    proc = testutil.run_module('bin.worker', f'--socket={folder}/w.sock', timeout=120)
+    self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
+    errors = [l for l in proc.stderr.splitlines() if l.startswith('worker: error:')]
+    self.assertLen(errors, 1)
+    self.assertIn('mode 0700', errors[0])
+    self.assertFalse(os.path.exists(os.path.join(folder, 'w.sock')))
+
+  def test_listen_all_is_explicit_and_warns(self):
+    if not testutil.namespaces_available():
+      self.skipTest('a worker on every interface is started only inside a network namespace of '
+                    'the test\'s own; unshare --user --net is not allowed here')
+    port = portpicker.pick_unused_port()
+    proc = subprocess.Popen(testutil.in_own_network(
+        [_python(), '-m', 'bin.worker', f'--port={port}', '--listen_all',
+         f'--log={os.path.join(self.tmp, "all.log")}']),
+                            cwd=testutil.REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+      warning = ''
+      for _ in range(50):  # TensorFlow's start-up lines come first
+        warning = proc.stderr.readline()
+        if 'WARNING: --listen_all' in warning or not warning:
+          break
+      self.assertIn('WARNING: --listen_all', warning)
+      self.assertIn('unauthenticated', warning)
+      line = proc.stdout.readline()
+      self.assertIn(f'[::]:{port}', line)  # as /proc says: every interface (of that namespace)
+      (binary,) = _binaries_of(proc)
+      self.assertNotEqual(os.stat(f'/proc/{binary}/ns/net').st_ino,
+                          os.stat('/proc/self/ns/net').st_ino)
+      hosts = [h for h, _ in testutil.listening_in_its_namespace(binary)]
+      self.assertNotEmpty(hosts)
+      self.assertFalse(any(testutil.loopback(h) for h in hosts), hosts)
+    finally:
+      proc.kill()  # at once: nothing connects to it
+      proc.wait()
+      proc.stdout.close()
+      proc.stderr.close()
 
 
 class WorkerLostTest(absltest.TestCase):

@@ -231,3 +231,28 @@ def socket_mode_and_owner(path: str) -> tuple[bool, int, int]:
   import stat  # pylint: disable=g-import-not-at-top
   st = os.lstat(path)
   return stat.S_ISSOCK(st.st_mode), stat.S_IMODE(st.st_mode), st.st_uid
+
+
+def listening_in_its_namespace(pid: int) -> list[tuple[str, int]]:
+  """(address, port) of the TCP sockets process `pid` listens on, read from its own network
+  namespace's tables (/proc/<pid>/net/tcp{,6}; psutil reads this process's namespace's)."""
+  inodes = set()
+  for fd in os.listdir(f'/proc/{pid}/fd'):
+    try:
+      target = os.readlink(f'/proc/{pid}/fd/{fd}')
+    except OSError:
+      continue
+    if target.startswith('socket:['):
+      inodes.add(target[8:-1])
+  found = []
+  for table in ('tcp', 'tcp6'):
+    with open(f'/proc/{pid}/net/{table}') as f:
+      for row in f.read().splitlines()[1:]:
+        fields = row.split()
+        if fields[3] != '0A' or fields[9] not in inodes:
+          continue
+        host_hex, port_hex = fields[1].split(':')
+        raw = bytes.fromhex(host_hex)
+        host = b''.join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+        found.append((str(ipaddress.ip_address(host)), int(port_hex, 16)))
+  return found
