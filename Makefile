@@ -3,7 +3,8 @@
 #   make test    set up (and test-system-packages: Chromium), then run the whole test suite
 #                (bazel test //...)
 # `make setup` alone installs system packages (apt), creates .venv, installs the pinned lock and
-# builds the library that keeps TFF's worker on loopback (tff_decorr/federated/loopback.py).
+# builds the library that keeps TFF's worker on loopback where it cannot have a network namespace
+# of its own (`unshare`, util-linux: tff_decorr/federated/netns.py, loopback.py).
 
 SHELL := /bin/bash
 VENV := .venv
@@ -24,6 +25,7 @@ system-packages:
 	@missing=""; \
 	command -v bazel >/dev/null || missing="$$missing bazel-bootstrap"; \
 	command -v cc >/dev/null || missing="$$missing gcc libc6-dev"; \
+	command -v unshare >/dev/null || missing="$$missing util-linux"; \
 	command -v $(firstword $(PYTHON311) python3) >/dev/null || missing="$$missing python3 python3-venv"; \
 	[ -x "$(PY)" ] || $(PYTHON311) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
