@@ -165,16 +165,6 @@ def unavailable_reason() -> str:
   return _reason or ''
 
 
-def preload_environment(env: dict) -> bool:
-  """Adds the library to `env['LD_PRELOAD']`. Returns False (env unchanged) if it is unavailable."""
-  path = library()
-  if path is None:
-    return False
-  existing = env.get('LD_PRELOAD', '')
-  env['LD_PRELOAD'] = f'{path} {existing}'.strip()
-  return True
-
-
 def _socket_inodes(pid: int) -> set[str]:
   inodes = set()
   fd_dir = f'/proc/{pid}/fd'

@@ -127,6 +127,7 @@ def _log_tail(path: str, lines: int = 8) -> str:
 
 
 _START_ATTEMPTS = 4
+_fallback_said = False  # The loopback fallback's one warning line, once per process.
 
 
 def _worker_preexec() -> None:
@@ -197,6 +198,12 @@ class WorkerProcess:
             'or allow user namespaces; or, knowing anyone who can reach the port can run code as '
             'you, pass --worker_listen_all (bin/train) or --listen_all (bin/worker).')
       self.isolation = 'loopback'
+      global _fallback_said
+      if port is None and not _fallback_said:
+        _fallback_said = True
+        logging.warning('The TFF worker listens on 127.0.0.1 (checked), not in a network namespace '
+                        'of its own (%s): other users of this machine can connect to it.',
+                        namespace_reason)
     with _lock:
       _processes.append(self)
     _install_handlers()
