@@ -190,7 +190,8 @@ class LibraryLookupTest(absltest.TestCase):
   def _plant(self, folder, folder_mode=0o700, file_mode=0o755):
     os.makedirs(folder, exist_ok=True)
     os.chmod(folder, folder_mode)
-    path = os.path.join(folder, f'tff_decorr_loopback_bind-{loopback._digest()}.so')  # pylint: disable=protected-access
+    digest = loopback._digest()  # pylint: disable=protected-access
+    path = os.path.join(folder, f'tff_decorr_loopback_bind-{digest}.so')
     with open(path, 'wb') as f:
       f.write(b'planted')
     os.chmod(path, file_mode)
@@ -239,7 +240,7 @@ class LibraryLookupTest(absltest.TestCase):
 
 
 class RefusalTest(absltest.TestCase):
-  """Where the worker cannot be isolated, it is refused: one line, no worker left, no computation."""
+  """A worker that cannot be isolated is refused: one line, no worker left, no computation."""
 
   def setUp(self):
     super().setUp()

@@ -39,8 +39,8 @@ def _python():
 
 
 def _start_worker(socket_path, log):
-  proc = subprocess.Popen([_python(), '-m', 'bin.worker', f'--socket={socket_path}', f'--log={log}'],
-                          cwd=testutil.REPO_ROOT, stdout=subprocess.PIPE,
+  proc = subprocess.Popen([_python(), '-m', 'bin.worker', f'--socket={socket_path}',
+                           f'--log={log}'], cwd=testutil.REPO_ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, text=True)
   line = proc.stdout.readline()  # Printed once the worker listens, as the kernel says.
   if 'serving on' not in line:

@@ -236,9 +236,10 @@ class StartFailureTest(absltest.TestCase):
       return len(f.readlines())
 
   def test_on_loopback_another_port_is_tried_then_the_log_is_quoted(self):
-    self.addCleanup(setattr, self.netns, '_available', self.netns._available)  # pylint: disable=protected-access
-    self.netns._available = (False, 'not in this test')  # pylint: disable=protected-access
-    self.assertEqual(self._failure(), self.tff_context._START_ATTEMPTS)  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    self.addCleanup(setattr, self.netns, '_available', self.netns._available)
+    self.netns._available = (False, 'not in this test')
+    self.assertEqual(self._failure(), self.tff_context._START_ATTEMPTS)
 
   def test_in_a_namespace_the_log_is_quoted(self):
     if not self.netns.available()[0]:

@@ -9,9 +9,13 @@ returns (docs/reference.md §8). Here we start the worker ourselves:
 - its output goes to a log file, never to our stdout;
 - it is asked to die with its parent (Linux `PR_SET_PDEATHSIG`), so even `kill -9` of the Python
   process cannot orphan it;
-- it is stopped at interpreter exit (`atexit`) and on SIGTERM/SIGINT/SIGHUP.
-The same machinery connects to remote workers (`workers=['host:port', ...]`), which is how
-simulations are spread over several machines with TFF's own runtime (docs/remote_workers.md).
+- it is stopped at interpreter exit (`atexit`) and on SIGTERM/SIGINT/SIGHUP;
+- it has no network of its own (a user+network namespace, reached through a 0600 Unix socket:
+  netns.py), or, where namespaces are not allowed, it listens on loopback (loopback.py); either
+  way it is checked from the kernel's side before the first computation, and refused otherwise
+  (WorkerExposedError, one line).
+The same machinery connects to remote workers (`workers=['unix:/path', 'host:port', ...]`), which
+is how simulations are spread over several machines with TFF's own runtime (docs/remote_workers.md).
 A remote worker that cannot be reached, or that stops answering during a computation, raises
 `WorkerUnavailableError` / `WorkerLostError` (one-line messages naming --workers) instead of TFF's
 default of retrying forever.
@@ -408,7 +412,8 @@ def _wait_ready(stub: tff.framework.RemoteExecutorGrpcStub, address: str, timeou
   deadline = time.monotonic() + timeout
   while not stub.is_ready:
     if process is not None and not process.alive():
-      raise RuntimeError(process._start_failure('exited during start-up'))  # pylint: disable=protected-access
+      raise RuntimeError(process._start_failure(  # pylint: disable=protected-access
+          'exited during start-up'))
     if time.monotonic() > deadline:
       if process is not None:
         raise RuntimeError(process._start_failure(  # pylint: disable=protected-access
@@ -602,9 +607,9 @@ def install(max_concurrent_computation_calls: int = -1, log_path: Optional[str] 
     workers: addresses of running TFF workers (bin/worker): `unix:/path` of a Unix socket or
       `host:port`. Empty: one local worker process, owned by this process (WorkerProcess: in a
       network namespace of its own where the machine allows it, else on loopback; refused when
-      neither can be had, unless set_listen_all(True)). One address: that worker runs everything. Several:
-      TFF's mergeable computation form splits the clients of each round across them (run by
-      _MergeableContext, which keeps client order; docs/remote_workers.md).
+      neither can be had, unless set_listen_all(True)). One address: that worker runs
+      everything. Several: TFF's mergeable computation form splits the clients of each round
+      across them (run by _MergeableContext, which keeps client order; docs/remote_workers.md).
     timeout: seconds to wait for a worker to answer.
   """
   if not workers:

@@ -224,8 +224,8 @@ def define_train_flags(fv) -> list:
   flags.DEFINE_integer('eval_every', None, 'Evaluate every N rounds (and at the end).', **d)
   flags.DEFINE_integer('export_every', 0, 'Also export a SavedModel every N rounds (0: end '
                        'only).', **d)
-  flags.DEFINE_string('workers', '', 'Comma-separated TFF workers (bin/worker): unix:/path of a Unix '
-                      'socket (e.g. the local end of ssh -L) or host:port.', **d)
+  flags.DEFINE_string('workers', '', 'Comma-separated TFF workers (bin/worker): unix:/path of a '
+                      'Unix socket (e.g. the local end of ssh -L) or host:port.', **d)
   flags.DEFINE_integer('max_concurrent_computation_calls', -1,
                        'Clients trained at once: by TFF\'s worker (-1: as many as it likes) '
                        'and by --runtime=tf (-1: one per CPU core on a CPU, 1 on a GPU).', **d)
