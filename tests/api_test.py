@@ -171,7 +171,7 @@ _LAYERS = (
               'tff_decorr.partitions', 'tff_decorr.data_options')),
     ('models', ('tff_decorr.models',)),
     ('algorithms', ('tff_decorr.algorithms',)),
-    ('federated', ('tff_decorr.federated',)),  # aggregation, tff_context, loopback: TFF machinery.
+    ('federated', ('tff_decorr.federated',)),  # aggregation, tff_context, netns, loopback
     ('runtimes', ('tff_decorr.runtimes',)),  # rounds; its faces tff_runtime, tf_runtime, learning.
     ('collapse', ('tff_decorr.collapse',)),
     ('run', ('tff_decorr.run',)),
