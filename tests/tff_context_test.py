@@ -317,9 +317,13 @@ class TffContextTest(absltest.TestCase):
     self.assertIn('RESULT 9', proc.stdout.readline())
     workers = self._worker_pids(proc.stdout.readline())
     self.assertEqual(workers, self._children_of(proc.pid))
+    sockets = [a for a in psutil.Process(workers[0]).cmdline() if a.endswith('.sock')]
+    binaries = self._children_of(workers[0])  # under the namespace's bridge
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    self._assert_gone(workers)
+    self._assert_gone(workers + binaries)
+    for path in sockets:  # The namespace's bridge removes the socket and its folder itself.
+      self.assertFalse(os.path.exists(os.path.dirname(path)), path)
 
   def test_sigterm_stops_worker(self):
     proc = self._run('hang')

@@ -68,11 +68,13 @@ def private_folder() -> str:
   return tempfile.mkdtemp(prefix='tff_worker_')
 
 
-def command(socket_path: str, worker_args: list[str]) -> list[str]:
+def command(socket_path: str, worker_args: list[str], remove_folder: bool = False) -> list[str]:
   """The command that starts `worker_args` (`{port}` replaced by a port picked inside the
-  namespace) in its own namespaces, served on `socket_path`."""
+  namespace) in its own namespaces, served on `socket_path` (whose folder it removes at the end
+  when `remove_folder`: a folder made for this socket alone)."""
   return [_unshare() or 'unshare', '--user', '--net', '--map-root-user', sys.executable, '-I',
-          '-S', BRIDGE, socket_path, str(os.getpid()), '--', *worker_args]
+          '-S', BRIDGE, socket_path, str(os.getpid()), '1' if remove_folder else '0', '--',
+          *worker_args]
 
 
 def children(pid: int) -> list[int]:

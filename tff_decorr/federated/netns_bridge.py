@@ -1,8 +1,8 @@
 """Runs TFF's worker in a network namespace of its own and serves it on an owner-only Unix socket.
 
 Started by `netns.command(...)` as `unshare --user --net --map-root-user python -I -S
-netns_bridge.py SOCKET PARENT_PID -- worker_binary --port={port} ...`, this file runs *inside*
-the new namespaces, with the standard library only (it is run as a script, by path, so that
+netns_bridge.py SOCKET PARENT_PID REMOVE_FOLDER -- worker_binary --port={port} ...`, this file runs
+*inside* the new namespaces, with the standard library only (it is run as a script, by path, so that
 nothing of the project or of site-packages is imported in there). Why each step:
 
 - The namespace has one interface, `lo`, and it starts down: it is brought up here (an ioctl, as
@@ -16,10 +16,12 @@ nothing of the project or of site-packages is imported in there). Why each step:
 - Each connection to the Unix socket is forwarded to the worker's port, byte for byte, by two
   threads (one per direction) that splice(2) the bytes from socket to socket inside the kernel.
   gRPC opens one connection per channel, so there are few of them.
-- The worker dies with this process (PR_SET_PDEATHSIG), and this process with its parent (set
-  again here and checked against PARENT_PID: `unshare` exec'd us, and the setting must survive).
-  SIGTERM or SIGINT is passed to the worker as SIGINT (how TFF's worker stops cleanly); when the
-  worker exits, the socket is removed and this process exits with the worker's status.
+- The worker dies with this process (PR_SET_PDEATHSIG), and this process is sent SIGTERM when its
+  parent dies (set here and checked against PARENT_PID: the parent may be gone already). SIGTERM
+  or SIGINT is passed to the worker as SIGINT (how TFF's worker stops cleanly; SIGKILL 5 s later
+  if it has not); when the worker exits, the socket is removed, and its folder when
+  REMOVE_FOLDER is 1 (the parent made it for this socket), and this process exits with the
+  worker's status.
 """
 
 import ctypes
@@ -141,12 +143,14 @@ def unix_listener(path: str) -> socket.socket:
 
 
 def main(argv: list) -> int:
-  if len(argv) < 5 or argv[3] != '--':
-    print('usage: netns_bridge.py SOCKET PARENT_PID -- WORKER_BINARY ARGS ({port} is replaced)',
-          file=sys.stderr)
+  if len(argv) < 6 or argv[4] != '--' or argv[3] not in ('0', '1'):
+    print('usage: netns_bridge.py SOCKET PARENT_PID REMOVE_FOLDER(0|1) -- WORKER_BINARY ARGS '
+          '({port} is replaced)', file=sys.stderr)
     return 2
-  path, parent, command = argv[1], int(argv[2]), argv[4:]
-  _die_with(signal.SIGKILL)
+  path, parent, remove_folder, command = argv[1], int(argv[2]), argv[3] == '1', argv[5:]
+  # SIGTERM, not SIGKILL, when the parent dies: the socket (and the folder the parent made for
+  # it) is then removed here, since the parent cannot do it any more.
+  _die_with(signal.SIGTERM)
   if os.getppid() != parent:
     return 1  # The run that started us is already gone.
   loopback_up()
@@ -154,10 +158,17 @@ def main(argv: list) -> int:
   command = [a.replace('{port}', str(port)) for a in command]
   worker = None
 
+  def kill(signum, frame):
+    del signum, frame
+    if worker is not None and worker.poll() is None:
+      worker.kill()
+
   def stop(signum, frame):
     del signum, frame
     if worker is not None and worker.poll() is None:
       worker.send_signal(signal.SIGINT)
+      signal.signal(signal.SIGALRM, kill)
+      signal.alarm(5)  # A worker that does not stop when asked is killed.
   signal.signal(signal.SIGTERM, stop)
   signal.signal(signal.SIGINT, stop)
 
@@ -185,6 +196,11 @@ def main(argv: list) -> int:
       listener.close()
       try:
         os.unlink(path)
+      except OSError:
+        pass
+    if remove_folder:
+      try:
+        os.rmdir(os.path.dirname(path))  # Only if empty: nothing but our socket was in it.
       except OSError:
         pass
 

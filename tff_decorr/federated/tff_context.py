@@ -236,7 +236,8 @@ class WorkerProcess:
         self._folder = netns.private_folder()
         socket_path = os.path.join(self._folder, netns.SOCKET_NAME)
       self.socket_path = socket_path
-      self.process = self._popen(netns.command(socket_path, self._worker_args('{port}')), env)
+      self.process = self._popen(netns.command(socket_path, self._worker_args('{port}'),
+                                               remove_folder=self._folder is not None), env)
       self._wait_started(timeout)
       self.binary_pid = self._find_binary()
       self.check()
