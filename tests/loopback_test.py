@@ -130,6 +130,27 @@ _REFUSAL = textwrap.dedent('''
 ''')
 
 
+# In a namespace of its own: no namespace for the worker, no library, and the explicit opt-in
+# (bin/train --worker_listen_all): the run goes on with a worker on every interface.
+_OPT_IN = textwrap.dedent('''
+    import json
+    import numpy as np
+    import tensorflow_federated as tff
+    from tff_decorr.federated import loopback, netns, tff_context
+    netns._available = (False, 'not in this test')
+    loopback.library = lambda: None
+    tff_context.set_listen_all(True)
+    tff_context.install()
+
+    @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+    def total(xs):
+      return tff.federated_sum(xs)
+    result = total([1, 2, 3])
+    (pid,) = tff_context.worker_pids()
+    print(json.dumps([int(result), loopback.listening_addresses(pid)]))
+''')
+
+
 def _python():
   return testutil.PYTHON if os.path.exists(testutil.PYTHON) else sys.executable
 
@@ -302,6 +323,16 @@ class RefusalTest(absltest.TestCase):
     self.assertIn('did not load', result['refused'])
     self.assertIn('off loopback', result['refused'])
     self.assertEqual(result['left'], [])
+
+  def test_only_the_explicit_opt_in_runs_a_worker_on_every_interface(self):
+    _needs_namespaces()
+    out = subprocess.run(testutil.in_own_network([_python(), '-c', _OPT_IN]),
+                         cwd=testutil.REPO_ROOT, capture_output=True, text=True, timeout=180)
+    self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+    result, addresses = json.loads(out.stdout.splitlines()[-1])
+    self.assertEqual(result, 6)
+    self.assertTrue(any(not loopback.is_loopback(h) for h, _ in addresses), addresses)
+    self.assertIn('as asked', out.stderr)  # and it says so
 
   def test_a_library_that_loads_is_accepted_on_the_same_path(self):
     if loopback.compiler() is None:

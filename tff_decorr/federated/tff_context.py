@@ -264,7 +264,8 @@ class WorkerProcess:
         logging.info('TFF worker on port %d did not get the port; trying another port', self.port)
     if self.isolation == 'none':
       logging.warning('The TFF worker on port %d listens on every interface of this machine, '
-                      'unauthenticated, as asked (--listen_all).', self.port)
+                      'unauthenticated, as asked (bin/worker --listen_all, bin/train '
+                      '--worker_listen_all).', self.port)
     else:
       self.check()
 
