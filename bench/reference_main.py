@@ -170,14 +170,16 @@ ALGORITHMS = {
 
 
 def reference_argv(algorithm: str, seed: int, regularizer: str = 'none', alpha: float = 0.05,
-                   rounds: int = 10) -> list:
-  """main.py's argv for a project algorithm (ALGORITHMS) at issue 23's setting."""
+                   rounds: int = 10, epochs: int = 1) -> list:
+  """main.py's argv for a project algorithm (ALGORITHMS) at issue 23's setting (`epochs` local
+  epochs a round: 5 is bench/settings.py's reproduction setting)."""
   m = ALGORITHMS[algorithm]
   if regularizer not in ('none', 'feddecorr'):
     raise ValueError(f'regularizer {regularizer!r}: the reference has none and feddecorr.')
   if regularizer == 'feddecorr' and not m.feddecorr:
     raise ValueError(f'the reference\'s {m.approach} has no FedDecorr.')
-  extra = [*m.reference, f'--alpha={alpha}', f'--n_comm_round={int(rounds)}']
+  extra = [*m.reference, f'--alpha={alpha}', f'--n_comm_round={int(rounds)}',
+           f'--epochs={int(epochs)}']
   if regularizer == 'feddecorr':
     extra += ['--feddecorr', f'--feddecorr_coef={FEDDECORR_BETA}']
   return issue23_args(m.approach, seed, extra)
