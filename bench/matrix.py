@@ -1,4 +1,4 @@
-r"""The combination matrix (issue 24, defect 7): every algorithm x every aggregator x both runtimes.
+r"""The combination matrix: every algorithm x every aggregator x both runtimes.
 
 Each cell either TRAINS on the embedded default (digits, small_cnn, Dirichlet 0.5, client SGD at
 momentum 0.9: the task's defaults) for --rounds and reports its final test accuracy, whether every
