@@ -31,7 +31,7 @@ MOVED = {
     # Moved down a layer later (commit 05d0c56): the federated layer imports it, and a
     # lower layer must not import from run/. Its flat path of before 1c5fa3b is its path again.
     'tff_decorr.run.tf_env': 'tff_decorr.tf_env',
-    # Moved up a layer later (commit 05d0c56's series): the run program's round-end hook, which
+    # Moved up a layer later (commit 4eaf560): the run program's round-end hook, which
     # imports run/export; collapse/ keeps the measurements (analysis, plots) and imports nothing
     # above.
     'tff_decorr.collapse_tracking': 'tff_decorr.run.collapse_tracking',
