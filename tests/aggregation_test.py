@@ -86,9 +86,10 @@ class RuntimeAggregatorTest(tf.test.TestCase):
         self.assertEqual(metrics[-1]['bytes_up'], plain[-1]['bytes_up'] + 3 * 4)
 
   def test_scaffold_control_variate_stays_the_clients_mean_under_clipping(self):
-    # Issue 24, defect 2. A clip of 1e-3 bounds every model delta hard; the control-variate
-    # deltas are summed exactly (Scaffold.exact_keys), so the server's c stays what SCAFFOLD
-    # defines: with c and every c_i starting at 0, c = (1/N) sum over ALL N clients of c_i.
+    # Clipping must not reach SCAFFOLD's control variates. A clip of 1e-3 bounds every model delta
+    # hard; the control-variate deltas are summed exactly (Scaffold.exact_keys), so the server's c
+    # stays what SCAFFOLD defines: with c and every c_i starting at 0, c = (1/N) sum over ALL N
+    # clients of c_i.
     clip = 1e-3
     alg = algorithms.build('scaffold', MODEL, CFG, regularizers.get('none'), num_clients=4)
     factory = tff.aggregators.clipping_factory(clip, tff.aggregators.MeanFactory())
