@@ -118,11 +118,34 @@ class Experiment:
     return tff_runtime.TffRuntime(self.algorithm, self.client_dataset_fn,
                                   aggregator=self.aggregator)
 
-  def privacy(self, rounds: int, ledger=None) -> dict:
-    """(epsilon, delta) after `rounds` rounds under --aggregator=dp, what it assumes and does not
-    cover, and the epsilon of every DP release recorded in `ledger` (a privacy_ledger.Ledger of
-    this client data); under an aggregator whose guarantee needs a caveat (secure: simulated),
-    that caveat; else {}."""
+  def dp_not_covered(self, save_local_models=()) -> list:
+    """What --aggregator=dp's epsilon does not cover in this run: the aggregator's own list
+    (aggregation.DP_NOT_COVERED) and the per-client outputs the run writes without noise.
+
+    Those outputs are listed rather than refused: they are the simulation's measurements (the
+    local models of chosen clients, a sampled client's spectrum, a personalised algorithm's
+    per-client models), which a study of collapse or personalisation under DP needs, and the
+    run's operator already holds every client's data; like the metrics, they must not be
+    published as if dp_epsilon covered them. The log says so at the start (training.py)."""
+    c = self.config
+    out = self.aggregator.not_covered()
+    if save_local_models:
+      out.append(f'--save_local_models={",".join(str(i) for i in save_local_models)}: those '
+                 'clients\' local models, exported un-noised and unclipped under local_models/')
+    if c.track_collapse:
+      out.append('--track_collapse: the representation spectrum of one sampled client\'s local '
+                 'model each round (local_effective_rank, local_num_significant_sv, '
+                 'local_client), computed from its un-noised, unclipped local model')
+    if self.algorithm.personalized:
+      out.append(f'--algorithm={c.algorithm}: each client\'s own model (the variables it keeps '
+                 'local), exported un-noised under export/clients/ and evaluated per client')
+    return out
+
+  def privacy(self, rounds: int, ledger=None, save_local_models=()) -> dict:
+    """(epsilon, delta) after `rounds` rounds under --aggregator=dp, which clipping ran, what it
+    assumes and does not cover (dp_not_covered), and the epsilon of every DP release recorded in
+    `ledger` (a privacy_ledger.Ledger of this client data); under an aggregator whose guarantee
+    needs a caveat (secure: simulated), that caveat; else {}."""
     note = aggregation.note(self.config.aggregator)
     if note:
       return {'aggregator_note': f'--aggregator={self.config.aggregator}: {note}'}
@@ -131,8 +154,9 @@ class Experiment:
     # The factory's table covers rounds 1..config.rounds, the most a summary can report.
     out = {'dp_epsilon': float(self.aggregator.epsilons[rounds - 1]),
            'dp_delta': self.aggregator.target_delta,
+           **self.aggregator.clipping(),
            'dp_assumes': list(aggregation.DP_ASSUMES),
-           'dp_not_covered': list(aggregation.DP_NOT_COVERED)}
+           'dp_not_covered': self.dp_not_covered(save_local_models)}
     if ledger is not None:
       from tff_decorr.run import privacy_ledger  # pylint: disable=g-import-not-at-top
       entries, unreadable = ledger.entries()

@@ -72,12 +72,19 @@ def _has_checkpoint(output_dir: str, overwrite: bool, log) -> bool:
   return False
 
 
-def _record_dp_releases(exp: experiment.Experiment, runtime, log):
-  """Under --aggregator=dp: says what epsilon assumes and omits, says whether this client data has
-  been released before, and records every round of this run in the data's privacy ledger."""
+def _record_dp_releases(exp: experiment.Experiment, runtime, log, save_local_models=()):
+  """Under --aggregator=dp: says which clipping runs, what epsilon assumes and omits (the
+  un-noised per-client outputs of this run included), says whether this client data has been
+  released before, and records every round of this run in the data's privacy ledger."""
   c = exp.config
+  clipping = exp.aggregator.clipping()
+  if clipping['dp_clipping'] == 'adaptive':
+    log('Privacy: adaptive clipping (TFF estimates the clip each round).')
+  else:
+    log(f'Privacy: fixed L2 clip {clipping["dp_clip"]:g}'
+        + (f' ({clipping["dp_clipping_note"]}).' if 'dp_clipping_note' in clipping else '.'))
   log('Privacy: --aggregator=dp\'s epsilon assumes ' + '; '.join(aggregation.DP_ASSUMES) + '.')
-  log('Privacy: it does not cover ' + '; '.join(aggregation.DP_NOT_COVERED) + '.')
+  log('Privacy: it does not cover ' + '; '.join(exp.dp_not_covered(save_local_models)) + '.')
   ledger = privacy_ledger.Ledger(exp.shard_dir)
   entries, unreadable = ledger.entries()
   if entries or unreadable:
@@ -149,7 +156,7 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
     log(f'Note: --aggregator={config.aggregator} is {aggregation.note(config.aggregator)}.')
   ledger = None
   if isinstance(exp.aggregator, aggregation.AccountedDpFactory):
-    ledger, runtime = _record_dp_releases(exp, runtime, log)
+    ledger, runtime = _record_dp_releases(exp, runtime, log, save_local_models)
   evaluator = exp.evaluator()
   test_ds = exp.test_dataset()
   initial_weights = exp.algorithm.initial_weights()
@@ -193,7 +200,7 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
                         config=config.to_dict(), log=log, timer=timer)
   if summary is None:  # More rounds done than --rounds: nothing trained, nothing (re)written.
     return None
-  summary.update(exp.privacy(summary['final_round'], ledger))
+  summary.update(exp.privacy(summary['final_round'], ledger, save_local_models))
   if 'dp_note' in summary:
     log(f'Privacy: {summary["dp_note"]}.')
   summary.update({'config': config.to_dict(), 'versions': _versions(),
