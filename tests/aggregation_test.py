@@ -166,6 +166,14 @@ class RuntimeAggregatorTest(tf.test.TestCase):
 class TrainWithAggregatorTest(tf.test.TestCase):
   """The training program with --aggregator=dp: epsilon per round, resumed, in the summary."""
 
+  def setUp(self):
+    super().setUp()
+    # Each test's privacy ledgers in a folder of its own (they are kept by the data, in the
+    # user's data folder: the tests share the digits data).
+    patcher = mock.patch.dict(os.environ, {'XDG_DATA_HOME': tempfile.mkdtemp()})
+    patcher.start()
+    self.addCleanup(patcher.stop)
+
   def test_dp_reports_epsilon_its_assumptions_and_every_release_on_the_data(self):
     out = tempfile.mkdtemp()
     settings = dict(task='digits', num_clients=4, clients_per_round=2, local_epochs=1,
@@ -187,7 +195,7 @@ class TrainWithAggregatorTest(tf.test.TestCase):
                   '--clients_per_round of --num_clients clients uniformly without replacement, '
                   'and the sample is secret', log)
     self.assertIn('it does not cover the seeded client sampling', log)
-    self.assertNotIn('released on this client data before', log)
+    self.assertNotIn('released on this data before', log)
     summary, log = train(3)  # resumes after round 2
     with open(os.path.join(run, 'metrics.csv')) as f:
       rows = list(csv.DictReader(f))
@@ -210,18 +218,18 @@ class TrainWithAggregatorTest(tf.test.TestCase):
     # are counted with its own 3 (the model's own epsilon stays that of its 3 rounds).
     shutil.rmtree(os.path.join(run, 'checkpoints'))
     summary, log = train(3)
-    self.assertIn('Privacy: 3 DP rounds were released on this client data before this start', log)
+    self.assertIn('Privacy: 3 DP rounds were released on this data before this start', log)
     self.assertEqual(summary['dp_releases_on_data'], 6)
     self.assertAllClose(summary['dp_epsilon'], reference(3), rtol=1e-9)
     self.assertAllClose(summary['dp_epsilon_all_releases'], reference(6), rtol=1e-9)
-    self.assertIn('6 DP rounds were released on this client data, 3 of them in this run',
+    self.assertIn('6 DP rounds were released on this data, 3 of them in this run',
                   summary['dp_note'])
     self.assertIn('Privacy: 6 DP rounds were released', log)
 
     # --overwrite with other noise: the old run is moved aside, its releases still count.
     settings['dp_noise_multiplier'] = 1.6
     summary, log = train(1, overwrite=True)
-    self.assertIn('6 DP rounds were released on this client data before', log)
+    self.assertIn('6 DP rounds were released on this data before', log)
     self.assertEqual(summary['dp_releases_on_data'], 7)
     self.assertAllClose(summary['dp_epsilon_all_releases'], testutil.dp_epsilon_reference(
         [(0.8, 2, 4, 6), (1.6, 2, 4, 1)], delta), rtol=1e-9)
@@ -251,7 +259,7 @@ class TrainWithAggregatorTest(tf.test.TestCase):
                         testutil.dp_epsilon_reference([(0.8, 2, 4, 2)], delta), rtol=1e-9)
     self.assertAllClose(summary['dp_epsilon_all_releases'],
                         testutil.dp_epsilon_reference([(0.8, 2, 4, 3)], delta), rtol=1e-9)
-    self.assertIn('3 DP rounds were released on this client data, 2 of them in this run',
+    self.assertIn('3 DP rounds were released on this data, 2 of them in this run',
                   summary['dp_note'])
 
   def test_dp_with_its_defaults_builds_on_every_tasks_default_clients_per_round(self):

@@ -79,6 +79,14 @@ class Experiment:
         sort_keys=True).encode()).hexdigest()[:12]
     cache_root = c.cache_dir or os.path.join(os.path.expanduser('~'), '.cache', 'tff_decorr')
     shard_dir = os.path.join(cache_root, c.task, f'{c.partition}-{key}')
+    # The privacy ledger of these examples (run/privacy_ledger.py), outside the cache; a ledger an
+    # earlier release kept beside the shards is moved into it before a rebuild could delete it.
+    self.ledger = None
+    from tff_decorr.run import privacy_ledger  # pylint: disable=g-import-not-at-top
+    if (isinstance(self.aggregator, aggregation.AccountedDpFactory) or
+        os.path.exists(os.path.join(shard_dir, privacy_ledger.FILE_NAME))):
+      self.ledger = privacy_ledger.open_for_run(c.task, client_data.examples_hash(images, labels),
+                                                [shard_dir], log=self.log)
     client_data.write_client_shards(images, labels, parts, shard_dir, log=self.log)
     self.partition = parts
     self.train_labels = labels
@@ -164,11 +172,18 @@ class Experiment:
           'dp_ledger': ledger.path, 'dp_releases_on_data': len(entries),
           'dp_epsilon_all_releases': aggregation.dp_epsilon_of_releases(
               privacy_ledger.grouped(entries), self.aggregator.target_delta)})
+      missing, why = privacy_ledger.missing_releases(ledger, self.config.output_dir, rounds)
+      if missing:
+        out['dp_ledger_missing_releases'] = missing
+        out['dp_ledger_note'] = (
+            f'the ledger {ledger.path} lacks at least {missing} DP releases made on this data '
+            f'({why}): it was deleted or cut, and dp_epsilon_all_releases does not count them')
       if len(entries) > rounds or unreadable:
         out['dp_note'] = (
-            f'{len(entries)} DP rounds were released on this client data, {rounds} of them in '
-            'this run\'s model (the others: earlier runs, --overwrite, deleted checkpoints, or '
-            'rounds re-run after a crash); dp_epsilon counts this run\'s model only, '
+            f'{len(entries)} DP rounds were released on this data, {rounds} of them in '
+            'this run\'s model (the others: earlier runs, runs under another seed or partition '
+            'of the same examples, --overwrite, deleted checkpoints, or rounds re-run after a '
+            'crash); dp_epsilon counts this run\'s model only, '
             'dp_epsilon_all_releases counts every release'
             + (f'; {unreadable} unreadable ledger lines are not counted' if unreadable else ''))
     return out
