@@ -15,8 +15,9 @@ every precision (`models.PRECISIONS`), plain and with the variants that change t
 same export of other weights. It also saves each model as a Keras object (what tests and users save
 with `tf.saved_model.save(model)` and bin/evaluate reads) and a checkpoint in TFF's SavedModel
 format (what tff_decorr wrote before checkpoint_files). It prints the union, which is the list
-below; `--check` fails when an export names an operation the list lacks (tests/graph_check_test.py
-checks every model the same way). Regenerate it after a TensorFlow upgrade.
+below; `--check` fails when an export names an operation the list lacks (8 minutes on two busy
+cores; tests/graph_check_test.py checks every model in both precisions, faster). Regenerate it
+after a TensorFlow upgrade.
 
 The checkpoint operations (SaveV2, RestoreV2, MergeV2Checkpoints) read and write files; every
 SavedModel has them, in the functions its saver runs to save and restore variables. They are
