@@ -99,6 +99,19 @@ class RefusedTest(absltest.TestCase):
     self.assertEqual(tf.train.load_checkpoint(stolen).get_tensor('lines').tolist(),
                      [b'private line'])
 
+  def test_a_text_savedmodel_is_scanned_too(self):
+    # The loader reads saved_model.pbtxt when saved_model.pb is absent.
+    from google.protobuf import text_format  # pylint: disable=g-import-not-at-top
+    path = self._save(_Reader(self.secret), 'reader_text')
+    proto = graph_check._read(path)  # pylint: disable=protected-access
+    os.remove(os.path.join(path, 'saved_model.pb'))
+    with open(os.path.join(path, 'saved_model.pbtxt'), 'w') as f:
+      f.write(text_format.MessageToString(proto))
+    self.assertIn('ReaderReadV2', dict(graph_check.unsafe_operations(path)))
+    with self.assertRaisesRegex(graph_check.UnsafeGraphError, r'ReaderReadV2 \(reads files\)'):
+      export.load_serving(path)
+    tf.saved_model.load(path)  # Control: the loader does read the text form.
+
   def test_the_reader_operations_are_refused(self):
     path = self._save(_Reader(self.secret), 'reader')
     refused = dict(graph_check.unsafe_operations(path))

@@ -131,10 +131,18 @@ def _meta_graph_refusals(meta_graph, found: dict) -> None:
 
 
 def _read(path: str):
+  """The SavedModel proto of directory `path`, read as TensorFlow's loader reads it:
+  saved_model.pb, else saved_model.pbtxt (text)."""
+  from google.protobuf import text_format  # pylint: disable=g-import-not-at-top
   from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=g-import-not-at-top
   saved_model = saved_model_pb2.SavedModel()
-  with open(os.path.join(path, 'saved_model.pb'), 'rb') as f:
-    saved_model.ParseFromString(f.read())
+  binary = os.path.join(path, 'saved_model.pb')
+  if os.path.exists(binary):
+    with open(binary, 'rb') as f:
+      saved_model.ParseFromString(f.read())
+  else:
+    with open(os.path.join(path, 'saved_model.pbtxt'), 'rb') as f:
+      text_format.Parse(f.read().decode('utf-8'), saved_model)
   return saved_model
 
 
@@ -151,7 +159,7 @@ def operations(path: str) -> set:
 def unsafe_operations(path: str) -> list[tuple[str, str]]:
   """(operation, why it is refused) for each refused operation in the SavedModel directory `path`
   (sorted, one per kind): any not in ALLOWED_OPS, and a checkpoint operation outside the saver.
-  Reads saved_model.pb only; runs nothing."""
+  Reads saved_model.pb (or .pbtxt) only; runs nothing."""
   found = {}
   for meta_graph in _read(path).meta_graphs:
     _meta_graph_refusals(meta_graph, found)
@@ -160,9 +168,12 @@ def unsafe_operations(path: str) -> list[tuple[str, str]]:
 
 def check(path: str, what: str) -> None:
   """Raises UnsafeGraphError (one line naming `what` and the operations) if the SavedModel at
-  `path` names an operation tff_decorr's SavedModels never use. A SavedModel without
-  saved_model.pb (a text one, or a damaged one) is left to the loader's own errors."""
-  if not os.path.exists(os.path.join(path, 'saved_model.pb')):
+  `path` names an operation tff_decorr's SavedModels never use; a text SavedModel
+  (saved_model.pbtxt, which the loader reads when saved_model.pb is absent) is checked the same
+  way. A directory with neither, or one that cannot be parsed (which the loader cannot parse
+  either), is left to the loader's own errors."""
+  if not any(os.path.exists(os.path.join(path, name))
+             for name in ('saved_model.pb', 'saved_model.pbtxt')):
     return
   try:
     found = unsafe_operations(path)
