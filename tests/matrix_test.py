@@ -22,6 +22,7 @@ import math
 import os
 import shutil
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 import numpy as np
@@ -70,6 +71,9 @@ class MatrixTest(absltest.TestCase):
     super().setUpClass()
     cls.tmp = tempfile.mkdtemp()
     cls.cache = os.path.join(cls.tmp, 'cache')
+    # The DP cells' privacy ledger in the test's folder, not the user's data folder.
+    cls.data_home = mock.patch.dict(os.environ, {'XDG_DATA_HOME': os.path.join(cls.tmp, 'data')})
+    cls.data_home.start()
     cls.cells = {}  # (algorithm, aggregator, runtime) -> Config, or the ValueError refusing it
     for alg in algorithms.names():
       for agg in aggregation.names():
@@ -96,6 +100,7 @@ class MatrixTest(absltest.TestCase):
 
   @classmethod
   def tearDownClass(cls):
+    cls.data_home.stop()
     tff_context.stop_all()
     shutil.rmtree(cls.tmp, ignore_errors=True)
     super().tearDownClass()
