@@ -48,6 +48,11 @@ _LOCAL_EPOCHS = flags.DEFINE_integer('local_epochs', settings.REPRODUCTION['loca
 _MODEL = flags.DEFINE_string('model', settings.REPRODUCTION['model'],
                              'Model (the paper\'s: mobilenet_v2_cifar).')
 _FIGURES = flags.DEFINE_bool('figures', False, 'Only draw the figures and tables from the archive.')
+_SNAPSHOT = flags.DEFINE_bool('snapshot', False, 'Only archive: the finished runs of the study, and '
+                              'the metrics.csv of each run still training into in_progress/ '
+                              '(drawn dotted by --figures, never averaged in).')
+_STUDY_DIR = flags.DEFINE_string('study_dir', '', 'The project\'s study (default '
+                                 '<work_dir>/alpha<alpha>/study).')
 _WORK_DIR = flags.DEFINE_string('work_dir', '/tmp/tff_decorr_reproduction',
                                 'Where the runs train (run directories, exports, the reference\'s '
                                 'working files); only the archive is kept.')
@@ -81,11 +86,39 @@ def _run(argv, log_path=None):
   return subprocess.run(argv, cwd=_ROOT).returncode
 
 
+def study_dir() -> str:
+  return _STUDY_DIR.value or os.path.join(_WORK_DIR.value, variant(), 'study')
+
+
+def _archive_finished() -> None:
+  rc = _run([sys.executable, '-m', 'bin.report', f'--study_dir={study_dir()}',
+             f'--archive_dir={archive_dir()}', f'--data_dir={_DATA_DIR.value}'])
+  if rc:
+    raise SystemExit(f'bin/report --archive_dir exited {rc}.')
+
+
+def _snapshot() -> None:
+  """Finished runs archived; a run still training leaves its metrics.csv and config.json in
+  in_progress/<name>/ (replaced by its archived run once it finishes)."""
+  _archive_finished()
+  runs = os.path.join(study_dir(), 'runs')
+  for name in sorted(os.listdir(runs)):
+    dest = os.path.join(archive_dir(), 'in_progress', name)
+    if os.path.exists(os.path.join(archive_dir(), 'runs', name)):
+      shutil.rmtree(dest, ignore_errors=True)
+      continue
+    if os.path.exists(os.path.join(runs, name, 'metrics.csv')):
+      os.makedirs(dest, exist_ok=True)
+      for f in ('metrics.csv', 'config.json'):
+        shutil.copyfile(os.path.join(runs, name, f), os.path.join(dest, f))
+      print(f'in progress: {name} -> {dest}', flush=True)
+
+
 def _project(seeds) -> None:
-  study_dir = os.path.join(_WORK_DIR.value, variant(), 'study')
+  study = study_dir()
   grid = settings.flags(settings.REPRODUCTION, dirichlet_alpha=_ALPHA.value,
                         local_epochs=_LOCAL_EPOCHS.value, model=_MODEL.value)
-  common = [sys.executable, '-m', 'bin.study', f'--study_dir={study_dir}', *grid,
+  common = [sys.executable, '-m', 'bin.study', f'--study_dir={study}', *grid,
             '--algorithm=fedavg', f'--regularizer={",".join(METHODS)}',
             f'--feddecorr_beta={settings.FEDDECORR_BETA}', f'--data_dir={_DATA_DIR.value}',
             '--runtime=tf', '--eval_every=1', f'--export_every={10}', '--save_local_models=0',
@@ -99,11 +132,8 @@ def _project(seeds) -> None:
     # always lists every seed run so far.
     rc = _run([*common, f'--seed={",".join(seeds[:i + 1])}'])
     if rc:
-      raise SystemExit(f'bin/study exited {rc}; see {study_dir}/logs; re-run the same command.')
-    rc = _run([sys.executable, '-m', 'bin.report', f'--study_dir={study_dir}',
-               f'--archive_dir={archive_dir()}', f'--data_dir={_DATA_DIR.value}'])
-    if rc:
-      raise SystemExit(f'bin/report --archive_dir exited {rc}.')
+      raise SystemExit(f'bin/study exited {rc}; see {study}/logs; re-run the same command.')
+    _snapshot()
 
 
 def _archived_seeds():
@@ -168,8 +198,11 @@ def _figures() -> None:
   from tff_decorr.run import report  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import study  # pylint: disable=g-import-not-at-top
   docs = os.path.join(_ROOT, 'docs', 'reproduction', variant())
-  written = report.build(archive_dir(), os.path.join(docs, 'report'), spectra=True,
-                         thresholds=(0.2, 0.25, 0.3), log=lambda s: None)
+  os.chdir(_ROOT)  # The page names the archive by its path in the repository.
+  written = report.build(os.path.relpath(archive_dir(), _ROOT), os.path.join(docs, 'report'),
+                         spectra=True, thresholds=(0.2, 0.25, 0.3), log=lambda s: None)
+  for kind in [k for k in written if k.endswith(('_svg', '_pdf'))]:
+    os.remove(written.pop(kind))  # The page shows the PNGs (report.html embeds them).
   manifest = study.read_manifest(archive_dir())
   runs = [r for r in report.load_runs(archive_dir(), manifest) if r.done]
   panel = []
@@ -184,6 +217,15 @@ def _figures() -> None:
       panel.append({'label': f'{LABELS[method]}, project (mean of {len(ys)} seed'
                              f'{"s" if len(ys) > 1 else ""})', 'color': f'C{k}', 'x': common,
                     'y': mean, 'std': std})
+  in_progress = os.path.join(archive_dir(), 'in_progress')
+  for name in sorted(os.listdir(in_progress)) if os.path.isdir(in_progress) else []:
+    with open(os.path.join(in_progress, name, 'config.json')) as f:
+      config = json.load(f)
+    x, y = report.read_curve(os.path.join(in_progress, name))
+    k = METHODS.index(config['regularizer'])
+    panel.append({'label': f'{LABELS[config["regularizer"]]}, project seed {config["seed"]} '
+                           f'(training: {len(x)}/{config["rounds"]} rounds)', 'color': f'C{k}',
+                  'x': x, 'y': y, 'incomplete': True})
   for k, method in enumerate(METHODS):
     for seed, x, y in _reference_curves().get(method, []):
       panel.append({'label': f'{LABELS[method]}, reference seed {seed}', 'color': f'C{k}',
@@ -202,6 +244,9 @@ def main(argv):
     raise app.UsageError(f'--sides from project, reference; got {_SIDES.value}.')
   if _FIGURES.value:
     _figures()
+    return
+  if _SNAPSHOT.value:
+    _snapshot()
     return
   seeds = [str(int(s)) for s in _SEEDS.value]
   if 'project' in _SIDES.value:

@@ -758,11 +758,13 @@ def archive(study_dir: str, archive_dir: str, data_dir: Optional[str] = None,
       continue
     dest = os.path.join(archive_dir, study.RUNS, run.name)
     os.makedirs(dest, exist_ok=True)
+    # Archived before from the same finished run (the same summary): its measures are reused.
+    same = study.read_json(os.path.join(dest, 'summary.json')) == run.summary
+    measures = run_spectra.read(run.path) or (run_spectra.read(dest) if same else None)
     for name in ARCHIVED_FILES:
       with open(os.path.join(run.path, name), 'rb') as f:
         data = f.read()
       run_dir_lib.atomic_write(os.path.join(dest, name), lambda out, d=data: out.write(d), 'wb')
-    measures = run_spectra.read(run.path)
     if measures is None:
       measures = _compute_measures(run, datasets, data_dir, max_examples, batch_size)
     run_spectra.write(dest, {'version': run_spectra.VERSION,
