@@ -1,5 +1,5 @@
 r"""How often a client step or an evaluation runs on one core of two, with tf.data's autotuning on
-and off (issue 31; tff_decorr/data_options.py).
+and off (tff_decorr/data_options.py).
 
 Times blocks of the project's ResNet20 client step (6 batches of 64 in memory, FedAvg, as
 bench/step_speed.py builds it) and evaluations of the shared CIFAR-10 test set (10,000 images), in
@@ -12,8 +12,8 @@ about 0.5x). Printed per variant: blocks, blocks on one core, median and mean wa
 
   .venv/bin/python -m bench.autotune_stalls --blocks=40 --evaluations=8 --beta=0
 
-bench/step_speed.py's flags set the step: --beta (FedDecorr's coefficient; 0: issue 23's FedAvg),
---batch_size, --precision.
+bench/step_speed.py's flags set the step: --beta (FedDecorr's coefficient; 0: the fidelity
+setting's FedAvg), --batch_size, --precision.
 
 Writes bench/results/autotune_stalls.json. Run it alone on the machine.
 """

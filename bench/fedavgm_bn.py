@@ -1,16 +1,16 @@
-r"""FedAvgM's BatchNorm-statistics rule chosen by measurement (issue 29, deliverable 2).
+r"""FedAvgM's BatchNorm-statistics rule chosen by measurement.
 
 FedAvgM (the reference's form, server momentum 0.9) with each rule of `--fedavgm_bn` (ema: the
-statistics move by an EMA toward the clients' average; reference: the same momentum as the
-weights, variances clamped at 0; average: FedAvg's weighted average), over seeds, at issue 23's
-CIFAR-10 setting (ResNet20, the shared 10,000 train images, Dirichlet alpha 0.05, 10 clients all
-participating, 10 rounds x 1 local epoch, lr 0.01, momentum 0.9, weight decay 1e-5, batch 64) or
-on the embedded default (`--setting=digits`: docs/algorithms.md's command, 12 rounds, alpha 0.1).
-Each run is `tff_decorr.run.training.train` (what bin/train runs), evaluated once at the end; a
-run whose weights or loss become non-finite is reported as such, and the smallest moving variance
-of the final global model is printed (negative would be a broken model).
+statistics move by an EMA toward the clients' average; reference: the same momentum as the weights,
+variances clamped at 0; average: FedAvg's weighted average), over seeds, at the fidelity setting
+(bench/settings.py: ResNet20, the shared 10,000 train images, Dirichlet alpha 0.05, 10 clients all
+participating, 10 rounds x 1 local epoch, lr 0.01, momentum 0.9, weight decay 1e-5, batch 64) or on
+the embedded default (`--setting=digits`: docs/algorithms.md's command, 12 rounds, alpha 0.1). Each
+run is `tff_decorr.run.training.train` (what bin/train runs), evaluated once at the end; a run whose
+weights or loss become non-finite is reported as such, and the smallest moving variance of the final
+global model is printed (negative would be a broken model).
 
-  .venv/bin/python -m bench.fedavgm_bn --setting=issue23 --seeds=1,2,3   # ~3.5 min a run, 2 cores
+  .venv/bin/python -m bench.fedavgm_bn --setting=fidelity --seeds=1,2,3   # ~3.5 min a run, 2 cores
 
 Finished runs are reused (bin/train resumes), so an interrupted invocation continues. Writes
 bench/results/fedavgm_bn_<setting>.json.
@@ -29,6 +29,7 @@ from absl import flags
 import tensorflow as tf  # Before absl app.run (as bench/accuracy.py); also reads checkpoints.
 
 from bench import _common
+from bench import settings as bench_settings
 from tff_decorr.run import config as config_lib
 from tff_decorr.run import program
 from tff_decorr.run import training
@@ -36,14 +37,11 @@ from tff_decorr.run import training
 FLAGS = flags.FLAGS
 RULES = ('ema', 'reference', 'average')
 SETTINGS = {
-    'issue23': dict(task='cifar10', model='resnet20', data_dir=_common.DEFAULT_DATA_DIR,
-                    dirichlet_alpha=0.05, num_clients=10, clients_per_round=10, rounds=10,
-                    local_epochs=1, client_lr=0.01, momentum=0.9, weight_decay=1e-5,
-                    batch_size=64, eval_every=10),
+    'fidelity': dict(bench_settings.FIDELITY, data_dir=_common.DEFAULT_DATA_DIR, eval_every=10),
     'digits': dict(task='digits', dirichlet_alpha=0.1, rounds=12, eval_every=12),
 }
 
-flags.DEFINE_enum('setting', 'issue23', list(SETTINGS), 'Where to measure.')
+flags.DEFINE_enum('setting', 'fidelity', list(SETTINGS), 'Where to measure.')
 flags.DEFINE_list('seeds', ['1', '2', '3'], 'Seeds.')
 flags.DEFINE_list('rules', list(RULES), 'Rules of --fedavgm_bn.')
 flags.DEFINE_string('output_dir', '/tmp/tff_decorr_fedavgm_bn', 'Where the runs go.')

@@ -1,16 +1,18 @@
-r"""Fidelity to the PyTorch reference at the setting of issue 23, as mean +- std over seeds.
+r"""Fidelity to the PyTorch reference at the fidelity setting, as mean +- std over seeds.
 
-The setting (the reference's main.py with its CIFAR-10 scripts' hyper-parameters, scaled to a CPU):
-the shared CIFAR-10 (10,000 train images, official order), ResNet20, Dirichlet alpha 0.05 (and 0.5),
-10 clients all participating, 10 rounds x 1 local epoch, lr 0.01, momentum 0.9, weight decay 1e-5,
-batch 64; FedAvg and FedAvg + FedDecorr (beta 0.1). Each run is `tff_decorr.run.training.train` (what
-bin/train runs); its summary.json gives the final test accuracy on the 10,000 test images.
+The setting (bench/settings.py's FIDELITY: the reference's main.py with its CIFAR-10 scripts'
+hyper-parameters, scaled to a CPU): the shared CIFAR-10 (10,000 train images, official order),
+ResNet20, Dirichlet alpha 0.05 (and 0.5), 10 clients all participating, 10 rounds x 1 local epoch,
+lr 0.01, momentum 0.9, weight decay 1e-5, batch 64; FedAvg and FedAvg + FedDecorr (beta 0.1). Each
+run is `tff_decorr.run.training.train` (what bin/train runs); its summary.json gives the final test
+accuracy on the 10,000 test images.
 
-`--inits` runs the same grid with other initialisations: `keras` is what the project used before
-issue 23 (Glorot-uniform), `reference` the model's default now (the reference's Kaiming-normal for
-ResNet20). Same seeds, same partitions and batches: the difference between the two rows is the
-effect of the initialisation alone. The reference's own figures at alpha 0.05 (seeds 1 and 2,
-measured with its main.py on the same data, issue 23) are printed beside them.
+`--inits` runs the same grid with other initialisations: `keras` is what the project used before it
+matched the reference's (Glorot-uniform), `reference` the model's default now (the reference's
+Kaiming-normal for ResNet20). Same seeds, same partitions and batches: the difference between the
+two rows is the effect of the initialisation alone. The reference's own figures at alpha 0.05 (seeds
+1 and 2, measured with its main.py on the same data when the comparison began) are printed beside
+them.
 
   .venv/bin/python -m bench.fidelity                          # alpha 0.05, seeds 0-2, both inits
   .venv/bin/python -m bench.fidelity --alphas=0.05,0.5 --inits=reference
@@ -18,7 +20,7 @@ measured with its main.py on the same data, issue 23) are printed beside them.
 Runs already finished are reused (bin/train resumes), so an interrupted benchmark continues.
 Writes bench/results/fidelity_alpha<alphas>.json.
 
-Other algorithms, and the reference measured here (issue 29): `--algorithms` (any of fedavg,
+Other algorithms, and the reference measured here: `--algorithms` (any of fedavg,
 fedprox, fedavgm, fedadam, fedexp, fedlc, fedrs, fedsam) and `--sides=project,reference` run each
 algorithm on both sides at the same setting, `--regularizers` none and/or feddecorr (feddecorr
 only where the reference's approach has it: not fedlc, fedrs, fedsam). The reference side is its
@@ -63,7 +65,8 @@ from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
 FLAGS = flags.FLAGS
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Issue 23: the reference (bytedance/FedDecorr main.py) at this setting, final test accuracy %.
+# The reference (bytedance/FedDecorr main.py) at this setting, final test accuracy %: measured
+# with its own main.py on the same data before bench/reference_main.py existed, not re-run here.
 REFERENCE = {('0.05', 'none'): {1: 17.6, 2: 21.8}, ('0.05', 'feddecorr'): {1: 15.7, 2: 19.6}}
 
 flags.DEFINE_string('data_dir', os.path.join(os.path.dirname(_ROOT), 'shared', 'data', 'tfds'),

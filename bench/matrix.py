@@ -1,4 +1,4 @@
-r"""The combination matrix (issue 24, defect 7): every algorithm x every aggregator x both runtimes.
+r"""The combination matrix: every algorithm x every aggregator x both runtimes.
 
 Each cell either TRAINS on the embedded default (digits, small_cnn, Dirichlet 0.5, client SGD at
 momentum 0.9: the task's defaults) for --rounds and reports its final test accuracy, whether every
@@ -12,7 +12,7 @@ this process, one after the other (the TFF worker of a cell is stopped before th
 What a cell needs follows from its algorithm's declared class attributes, never from a list of
 names (`requires_decomposed`: --decomposed). DP runs with a fixed clip (--dp_clip=1.0) and a small
 noise multiplier (--dp_noise_multiplier=0.01): the point is that the combination computes the
-right thing, not privacy (DP with real noise does not train at 10 clients; docs/benchmarks.md §8a).
+right thing, not privacy (DP with real noise does not train at 10 clients; docs/benchmarks.md §9).
 FedBN's accuracy is its clients' own models (docs/algorithms.md, "What is evaluated").
 Chance on digits is 0.1.
 

@@ -1,4 +1,4 @@
-r"""Orchestration cost of TFF's runtime (issue 11): one FedAvg round under --runtime=tff (the
+r"""Orchestration cost of TFF's runtime: one FedAvg round under --runtime=tff (the
 IterativeProcess in TFF's C++ worker) against --runtime=tf (the in-process runtime calling the
 very same algorithm functions and the same client-data pipeline, clients one after another), on
 the same clients, data, seed and initial model; rounds alternate between the two within one

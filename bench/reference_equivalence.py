@@ -1,4 +1,4 @@
-r"""Step-by-step comparison with the PyTorch reference: same weights, same batches (issue 23).
+r"""Step-by-step comparison with the PyTorch reference: same weights, same batches.
 
 Reads the fixtures bench/reference_fixtures.py made with the reference's own code
 (tests/testdata/reference) and runs the project's client loop (client_update.local_train, what

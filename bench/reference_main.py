@@ -1,4 +1,4 @@
-r"""Runs the PyTorch reference's own main.py at issue 23's setting on this machine, timed.
+r"""Runs the PyTorch reference's own main.py at the fidelity setting on this machine, timed.
 
 The reference (github.com/bytedance/FedDecorr, commit 973e4af, unmodified) trains with
 `python main.py --approach=... <arguments>`. This script runs that main.py in-process, its own
@@ -21,17 +21,17 @@ code from its own checkout, on the shared CIFAR-10 (10,000 train images in offic
          --data=/tmp/ref_cifar10.npz --out=/tmp/ref.json -- <main.py arguments>
 
    or, instead of `-- <main.py arguments>`, `--algorithm=fedprox --seed=1 [--rounds=10]
-   [--alpha=0.05] [--regularizer=feddecorr]`: issue 23's arguments for that algorithm
-   (`issue23_args`, `reference_argv` below). torchvision 0.16.2 is the release made for torch
+   [--alpha=0.05] [--regularizer=feddecorr]`: the fidelity setting's arguments for that algorithm
+   (`fidelity_args`, `reference_argv` below). torchvision 0.16.2 is the release made for torch
    2.1.2; it is installed without dependencies (so pip cannot replace torch), which is why SciPy
    (the reference's data_aug_utils.py imports it), Pillow
    (the reference's transforms use it) and requests (torchvision imports it) are listed.
 
-Issue 23's setting, as main.py spells it (`issue23_args`): --model=resnet20 --dataset=cifar10
---partition=noniid (NIID-Bench's Dirichlet, the same branch as noniid-labeldir) --alpha=0.05
---n_parties=10 --sample_fraction=1.0 --n_comm_round=10 --epochs=1 --lr=0.01 --rho=0.9 (main.py's
-SGD momentum; docs/algorithms.md, fedsam, on the collision with FedSAM's radius)
---weight_decay=1e-5 --batch-size=64 --init_seed=<seed>; FedDecorr is `--feddecorr
+The fidelity setting (bench/settings.py's FIDELITY), as main.py spells it (`fidelity_args`):
+--model=resnet20 --dataset=cifar10 --partition=noniid (NIID-Bench's Dirichlet, the same branch as
+noniid-labeldir) --alpha=0.05 --n_parties=10 --sample_fraction=1.0 --n_comm_round=10 --epochs=1
+--lr=0.01 --rho=0.9 (main.py's SGD momentum; docs/algorithms.md, fedsam, on the collision with
+FedSAM's radius) --weight_decay=1e-5 --batch-size=64 --init_seed=<seed>; FedDecorr is `--feddecorr
 --feddecorr_coef=0.1` where the approach has it (fedavg, fedprox, fedoptim, fednova, moon, fedexp;
 fedlogitcal, fedrs and fedsam reject the flag). main.py has no device option: it calls `.cuda()`.
 
@@ -45,12 +45,12 @@ What is changed, all from outside, in this process, before main.py starts:
      whole test set, before training and again after it; only logged) and twice in `run_fed` for
      the global model (the train set, augmented, and the test set). `--evals` says which run
      (the others return NaN without computing; the log then says nan):
-       test (default)    only the global test evaluation kept, every round: issue 23's setting
-                         (its text: "its own main.py, only the global test evaluation kept"),
+       test (default)    only the global test evaluation kept, every round: the fidelity
+                         setting's reference runs (bench/fidelity.py, bench/whole_run_ratio.py),
                          and the work the project's run does (a test evaluation per round);
        global            the per-client ones removed, run_fed's global train and test
                          evaluations kept;
-       no_pre            only the per-client pre-training ones removed (issue 31's wording);
+       no_pre            only the per-client pre-training ones removed;
        all               none removed (the reference as published).
      Removing an evaluation changes no weight, but every pass over a shuffled DataLoader, and
      every DataLoader with workers, draws from torch's global RNG, so a seed's later shuffles and
@@ -91,27 +91,28 @@ DEFAULT_DATA_DIR = os.path.join(os.path.dirname(ROOT), 'shared', 'data', 'tfds')
 DEFAULT_REFERENCE_DIR = '/tmp/FedDecorr'
 FEDDECORR_BETA = 0.1
 
-# Issue 23's setting in main.py's own flag names, in this order; the seed goes to --init_seed.
-ISSUE23 = (('--model', 'resnet20'), ('--dataset', 'cifar10'), ('--partition', 'noniid'),
+# The fidelity setting (bench/settings.py's FIDELITY) in main.py's own flag names, in this order;
+# the seed goes to --init_seed. Spelled out here: this script runs without the project on its path.
+FIDELITY = (('--model', 'resnet20'), ('--dataset', 'cifar10'), ('--partition', 'noniid'),
            ('--alpha', '0.05'), ('--n_parties', '10'), ('--sample_fraction', '1.0'),
            ('--n_comm_round', '10'), ('--epochs', '1'), ('--lr', '0.01'), ('--rho', '0.9'),
            ('--weight_decay', '1e-5'), ('--batch-size', '64'))
 
 
-def issue23_args(approach: str, seed: int, extra: Sequence[str] = ()) -> list:
-  """main.py's argv (without the program name) for `approach` at issue 23's setting.
+def fidelity_args(approach: str, seed: int, extra: Sequence[str] = ()) -> list:
+  """main.py's argv (without the program name) for `approach` at the fidelity setting.
 
   `extra` items are '--flag=value' or a bare '--flag' (store_true flags); one naming a flag of the
   setting replaces that flag's value (e.g. '--n_comm_round=1'), the others are appended in order.
   """
-  values = dict(ISSUE23)
+  values = dict(FIDELITY)
   values['--approach'] = approach
   values['--init_seed'] = str(int(seed))
   appended = []
   for item in extra:
     flag, sep, value = item.partition('=')
     if not flag.startswith('--'):
-      raise ValueError(f'issue23_args: {item!r}: give --flag=value or --flag.')
+      raise ValueError(f'fidelity_args: {item!r}: give --flag=value or --flag.')
     if sep and flag in values:
       values[flag] = value
     else:
@@ -164,23 +165,26 @@ ALGORITHMS = {
     'fedrs': Mapping('fedrs', ('--restricted_strength=0.5',), {'fedrs_alpha': 0.5}, False),
     # The SAM radius cannot be set: main.py's --rho (here 0.9, the momentum) takes the flag, so
     # the approach's own --rho keeps its default 0.05 (cifar10_fedsam.sh's --rho=0.05 sets the
-    # momentum to 0.05 instead; issue 23's momentum 0.9 is kept here, as for every algorithm).
+    # momentum to 0.05 instead; the fidelity setting's momentum 0.9 is kept here, as for every
+    # algorithm).
     'fedsam': Mapping('fedsam', (), {'fedsam_rho': 0.05}, False),
 }
 
 
 def reference_argv(algorithm: str, seed: int, regularizer: str = 'none', alpha: float = 0.05,
-                   rounds: int = 10) -> list:
-  """main.py's argv for a project algorithm (ALGORITHMS) at issue 23's setting."""
+                   rounds: int = 10, epochs: int = 1) -> list:
+  """main.py's argv for a project algorithm (ALGORITHMS) at the fidelity setting (`epochs` local
+  epochs a round: 5 is bench/settings.py's reproduction setting)."""
   m = ALGORITHMS[algorithm]
   if regularizer not in ('none', 'feddecorr'):
     raise ValueError(f'regularizer {regularizer!r}: the reference has none and feddecorr.')
   if regularizer == 'feddecorr' and not m.feddecorr:
     raise ValueError(f'the reference\'s {m.approach} has no FedDecorr.')
-  extra = [*m.reference, f'--alpha={alpha}', f'--n_comm_round={int(rounds)}']
+  extra = [*m.reference, f'--alpha={alpha}', f'--n_comm_round={int(rounds)}',
+           f'--epochs={int(epochs)}']
   if regularizer == 'feddecorr':
     extra += ['--feddecorr', f'--feddecorr_coef={FEDDECORR_BETA}']
-  return issue23_args(m.approach, seed, extra)
+  return fidelity_args(m.approach, seed, extra)
 
 
 def load_cifar10(data_dir: str):
@@ -331,7 +335,8 @@ def main() -> None:
   parser.add_argument('--evals', default='test', choices=('test', 'global', 'no_pre', 'all'),
                       help='which compute_accuracy calls run (module docstring, change ii)')
   parser.add_argument('--algorithm', choices=sorted(ALGORITHMS),
-                      help='instead of -- <main.py arguments>: issue 23\'s for this algorithm')
+                      help='instead of -- <main.py arguments>: the fidelity setting\'s for this '
+                      'algorithm')
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--rounds', type=int, default=10)
   parser.add_argument('--alpha', type=float, default=0.05)

@@ -1,4 +1,4 @@
-r"""The reference's client step in a persistent PyTorch process, timed on request (issue 31).
+r"""The reference's client step in a persistent PyTorch process, timed on request.
 
 Run by `bench.step_speed --mode=reference` with the PyTorch environment's Python (see
 bench/reference_main.py for its install); not by hand. It builds the reference's own network

@@ -1,4 +1,4 @@
-r"""A whole bin/train run by phase (issue 31): where the wall time a user waits for goes.
+r"""A whole bin/train run by phase: where the wall time a user waits for goes.
 
 Runs `python -m bin.train` as a user would, in a child process, and reports each phase as seconds
 and as a share of the run's wall time (spawn to exit): the program's own phases (summary.json's
@@ -17,15 +17,15 @@ left (what a resumed study or a second seed of the same partition finds); each i
 output directory, so both train every round.
 
 Settings:
-- `issue23`: ResNet20 on the shared CIFAR-10 (10,000 train images), Dirichlet alpha 0.05, 10
-  clients all participating, 10 rounds x 1 local epoch, batch 64, lr 0.01, momentum 0.9, weight
-  decay 1e-5, --runtime=tff (issue 23's and bench/fidelity.py's setting).
+- `fidelity`: bench/settings.py's FIDELITY (ResNet20 on the shared CIFAR-10, 10,000 train
+  images, Dirichlet alpha 0.05, 10 clients all participating, 10 rounds x 1 local epoch, batch 64,
+  lr 0.01, momentum 0.9, weight decay 1e-5), FedAvg, seed 1: bench/fidelity.py's setting.
 - `cross_device`: the shape of pfl-research's CIFAR-10 benchmark scaled to this machine: 1,000
   clients (10 images each of the 10,000), 50 sampled per round, 20 rounds, batch 10, small_cnn,
   IID, --runtime=tff.
 - `digits`: the embedded task, 4 clients, 5 rounds: a quick look (about a minute).
 
-  .venv/bin/python -m bench.run_phases --settings=issue23,cross_device
+  .venv/bin/python -m bench.run_phases --settings=fidelity,cross_device
   .venv/bin/python -m bench.run_phases --settings=digits --runtime=tf
 
 Writes bench/results/run_phases_<settings>.json. Run it alone on the machine: two heavy jobs on
@@ -49,16 +49,14 @@ from absl import flags
 import numpy as np
 
 from bench import _common
+from bench import settings as bench_settings
 from tff_decorr.run import phases
 
 FLAGS = flags.FLAGS
 
 SETTINGS = {
-    'issue23': ['--task=cifar10', f'--data_dir={_common.DEFAULT_DATA_DIR}', '--model=resnet20',
-                '--partition=dirichlet', '--dirichlet_alpha=0.05', '--num_clients=10',
-                '--clients_per_round=10', '--rounds=10', '--local_epochs=1', '--batch_size=64',
-                '--client_lr=0.01', '--momentum=0.9', '--weight_decay=1e-5',
-                '--regularizer=none', '--seed=1'],
+    'fidelity': [*bench_settings.flags(bench_settings.FIDELITY),
+                 f'--data_dir={_common.DEFAULT_DATA_DIR}', '--regularizer=none', '--seed=1'],
     'cross_device': ['--task=cifar10', f'--data_dir={_common.DEFAULT_DATA_DIR}',
                      '--model=small_cnn', '--partition=iid', '--num_clients=1000',
                      '--clients_per_round=50', '--rounds=20', '--local_epochs=1',

@@ -1,4 +1,4 @@
-r"""Speed of one client training step, against plain Keras and against the compute limit (issue 18).
+r"""Speed of one client training step, against plain Keras and against the compute limit.
 
   .venv/bin/python -m bench.step_speed                       # every model, mode=step
   .venv/bin/python -m bench.step_speed --models=resnet20,mobilenet_v2_cifar
@@ -34,11 +34,11 @@ mode=reference: the project's client step against the reference's (bytedance/Fed
 network and the body of its local-training loop, bench/reference_step_worker.py) in a persistent
 PyTorch process, both alive at once, blocks of --steps steps alternating (order rotated every
 repeat), batch 64 of 32x32 in memory, lr 0.01, momentum 0.9, weight decay 1e-5, FedDecorr
-coefficient --beta on both sides (0: issue 23's FedAvg). Ours twice: one client alone, and two
-clients at once in two threads, each in its own workspace, as `--runtime=tf` trains a round on a
-2-core CPU (per-step time = the block's time / (2 x steps)). Printed: per-step CPU and wall time of
-each and the median over repeats of ours / reference per repeat. resnet20 and mobilenet_v2_cifar
-(the reference's resnet20 and mobilenetv2).
+coefficient --beta on both sides (0: the fidelity setting's FedAvg). Ours twice: one client alone,
+and two clients at once in two threads, each in its own workspace, as `--runtime=tf` trains a round
+on a 2-core CPU (per-step time = the block's time / (2 x steps)). Printed: per-step CPU and wall
+time of each and the median over repeats of ours / reference per repeat. resnet20 and
+mobilenet_v2_cifar (the reference's resnet20 and mobilenetv2).
 
   .venv/bin/python -m bench.step_speed --mode=reference --models=resnet20,mobilenet_v2_cifar \
       --beta=0 --steps=6 --repeats=6

@@ -1,11 +1,12 @@
-r"""A whole run against the reference's main.py, one after the other on this machine (issue 31).
+r"""A whole run against the reference's main.py, one after the other on this machine.
 
-For each seed, at issue 23's setting (ResNet20, the shared CIFAR-10 at 10,000 train images,
-Dirichlet alpha 0.05, 10 clients all participating, 10 rounds of one local epoch, batch 64, lr 0.01,
-momentum 0.9, weight decay 1e-5, FedAvg, the global model's test evaluation every round):
+For each seed, at the fidelity setting (bench/settings.py: ResNet20, the shared CIFAR-10 at
+10,000 train images, Dirichlet alpha 0.05, 10 clients all participating, 10 rounds of one local
+epoch, batch 64, lr 0.01, momentum 0.9, weight decay 1e-5), FedAvg, the global model's test
+evaluation every round:
 - the reference: its own main.py (bench/reference_main.py: evaluations other than the global test
-  one skipped, as in issue 23; wall time from the script's first line, imports and data included),
-  one process of the PyTorch environment;
+  one skipped, as bench/fidelity.py runs it; wall time from the script's first line, imports and
+  data included), one process of the PyTorch environment;
 - the project: `python -m bin.train` as a user types it (bench/run_phases.run_once: wall time from
   spawn to exit, on an empty client-data cache, i.e. a first run).
 The two alternate which goes first from seed to seed, so a drift of the machine's speed falls on
@@ -77,7 +78,7 @@ def _project(seed: int, out: str) -> dict:
     cache = os.path.join(os.path.dirname(out), 'cache')
     for d in (run_dir, cache):  # A first run: its own partition, an empty cache.
       shutil.rmtree(d, ignore_errors=True)
-    args = [a for a in run_phases.SETTINGS['issue23'] if not a.startswith('--seed=')]
+    args = [a for a in run_phases.SETTINGS['fidelity'] if not a.startswith('--seed=')]
     result = run_phases.run_once(args + [f'--seed={seed}', f'--precision={FLAGS.precision}'],
                                  run_dir, cache)
     with open(out, 'w') as f:
@@ -111,7 +112,7 @@ def main(argv):
     row['cpu_ratio'] = row['project']['cpu_s'] / row['reference']['cpu_s']
     row['load_avg_end'] = os.getloadavg()
     rows[seed] = row
-  print(f'\nissue 23\'s setting, 10 rounds; project --runtime={FLAGS.runtime} '
+  print(f'\nthe fidelity setting, 10 rounds; project --runtime={FLAGS.runtime} '
         f'--precision={FLAGS.precision} vs the reference\'s main.py, one after the other')
   print('| seed | first | reference wall / CPU | project wall / CPU | wall ratio | CPU ratio | '
         'accuracy, reference / project |')

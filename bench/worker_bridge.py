@@ -21,8 +21,8 @@ alternating with the other so that the load of the machine falls on both alike:
    compiles).
 
 Prints each figure, the difference and the ratio, and the transfer difference as a share of the
-digits round and of a ResNet20 round (--resnet20_round_s: a fidelity-setting round's wall time on
-this machine, docs/benchmarks.md).
+round and of a ResNet20 round (--resnet20_round_s: a fidelity-setting round's wall time on this
+machine, docs/benchmarks.md §3).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import numpy as np
 import tensorflow_federated as tff
 
 from bench import _common
+from bench import settings
 from tff_decorr import models
 from tff_decorr.federated import netns
 from tff_decorr.federated import tff_context
@@ -52,8 +53,9 @@ flags.DEFINE_integer('clients', 10, 'Clients of the transfer computation.')
 flags.DEFINE_integer('round_repeats', 2, 'bin.train runs per worker (alternating); 0: skip.')
 flags.DEFINE_integer('rounds', 4, 'Rounds per bin.train run.')
 flags.DEFINE_enum('setting', 'digits', ['digits', 'fidelity'],
-                  'The bin.train runs: digits (4 clients, a minute a run) or fidelity (ResNet20, '
-                  'the shared CIFAR-10 10k split, 10 clients: minutes a run).')
+                  'The bin.train runs: digits (4 clients, a minute a run) or fidelity '
+                  '(bench/settings.py: ResNet20, the shared CIFAR-10 10k split, 10 clients; '
+                  'minutes a run).')
 flags.DEFINE_float('resnet20_round_s', 0.0, 'Wall seconds of one fidelity-setting round (ResNet20, '
                    '10 clients) here, to state the transfer difference as its share; 0: not '
                    'stated.')
@@ -137,24 +139,20 @@ def _transfers(size: int) -> dict:
           bridge_cpu / FLAGS.repeats)
 
 
-_SETTINGS = {
-    'digits': ['--task=digits', '--regularizer=none', '--num_clients=4', '--clients_per_round=4',
-               '--local_epochs=1'],
-    # The fidelity setting (bench/fidelity.py, bench/run_phases.py's issue23): ResNet20 on the
-    # shared CIFAR-10's 10,000 training images, 10 clients all participating.
-    'fidelity': ['--task=cifar10', f'--data_dir={_common.DEFAULT_DATA_DIR}', '--model=resnet20',
-                 '--partition=dirichlet', '--dirichlet_alpha=0.05', '--num_clients=10',
-                 '--clients_per_round=10', '--local_epochs=1', '--batch_size=64',
-                 '--client_lr=0.01', '--momentum=0.9', '--weight_decay=1e-5',
-                 '--regularizer=none', '--seed=1'],
-}
+def _setting_flags(rounds: int) -> list[str]:
+  if FLAGS.setting == 'digits':
+    return ['--task=digits', '--regularizer=none', '--num_clients=4', '--clients_per_round=4',
+            '--local_epochs=1', f'--rounds={rounds}']
+  # The fidelity setting (bench/settings.py), shortened to `rounds`.
+  return settings.flags(settings.FIDELITY, rounds=rounds, data_dir=_common.DEFAULT_DATA_DIR,
+                        regularizer='none', seed=1)
 
 
 def _round_time(tmp: str, name: str, env: dict, rounds: int = 0) -> float:
   out = os.path.join(tmp, name)
   rounds = rounds or FLAGS.rounds
-  cmd = [sys.executable, '-m', 'bin.train', *_SETTINGS[FLAGS.setting], f'--rounds={rounds}',
-         '--runtime=tff', f'--eval_every={rounds}',
+  cmd = [sys.executable, '-m', 'bin.train', *_setting_flags(rounds), '--runtime=tff',
+         f'--eval_every={rounds}',
          f'--cache_dir={os.path.join(tmp, "cache")}', f'--output_dir={out}']
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                         env=dict(os.environ, **env))

@@ -19,7 +19,7 @@ from absl import flags
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top  (before TF)
 if __name__ == '__main__':
-  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (issue 31)
+  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
 from tff_decorr.run import deprecated_flags  # pylint: disable=g-import-not-at-top
 
 # Imported before app.run for the same reason as in bin/train (Keras/absl start-up order).

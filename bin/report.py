@@ -2,19 +2,25 @@ r"""The report of a study (bin/study): table, accuracy curves, collapse spectra,
 
   .venv/bin/python -m bin.report --study_dir=studies/alpha       # -> studies/alpha/report/
   .venv/bin/python -m bin.report --study_dir=studies/alpha --nospectra --output_dir=/tmp/r
+  .venv/bin/python -m bin.report --study_dir=studies/alpha --archive_dir=results/alpha  # to commit
 
 Reads <study_dir>/study.json for the runs of the study and each run's summary.json and
 metrics.csv for how far it got. Writes table.md and table.csv (per configuration, over seeds: mean
 ± std of the final and best test accuracy of the finished runs, seeds done, each regulariser minus
 --regularizer=none), with --latex table.tex, curves.png (test accuracy per round, mean with a ±std
 band), spectra.png (the representation spectrum of each configuration's exported models over the
-task's test split, relative to its largest value, when exports exist), each figure also as .svg
-and .pdf, and report.html (all of it on one self-contained page). Unfinished runs are listed,
+task's test split, relative to its largest value, when exports exist; spectra_by_round.png and a
+table of effective ranks and local-vs-global gaps when runs exported several rounds or saved local
+models), with --thresholds a table of the rounds each configuration took to reach those test
+accuracies, each figure also as .svg and .pdf, and report.html (all of it on one self-contained
+page). --archive_dir copies the finished runs' small files (spectra included) into a directory
+that this command reads back as a study. Unfinished runs are listed,
 never averaged in. Bad input exits 2 with one line naming the flag. Logic: tff_decorr/run/report.py.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Sequence
 
@@ -24,7 +30,7 @@ from absl import flags
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top  (before TF)
 if __name__ == '__main__':
-  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (issue 31)
+  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
 # As in bin/train: TensorFlow imported before app.run (the spectra load SavedModels).
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
@@ -44,6 +50,13 @@ _MAX_EXAMPLES = flags.DEFINE_integer('max_examples', 0, 'Spectra over the first 
                                      'only (0: all).')
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 256, 'Test batch size of the spectra (memory '
                                    'only).')
+_THRESHOLDS = flags.DEFINE_list('thresholds', [], 'Test accuracies in percent (e.g. 20,25,30): '
+                                'a table of the first round each configuration reached each, '
+                                'mean ± std over seeds.')
+_ARCHIVE_DIR = flags.DEFINE_string('archive_dir', None, 'Instead of a report: copy the study\'s '
+                                   'finished runs into this directory as a study bin/report '
+                                   'reads (config, summary, metrics.csv and spectra.json a run, a '
+                                   'few KB, no SavedModel), merged with what it holds; to commit.')
 _LATEX = flags.DEFINE_bool('latex', False, 'Also write the table as LaTeX, table.tex (booktabs, '
                            'mean ± std, the best value of each column in bold).')
 
@@ -61,15 +74,34 @@ def _main() -> int:
     raise study.StudyError(f'--max_examples must be >= 0 (0: all), got {_MAX_EXAMPLES.value}.')
   if _BATCH_SIZE.value < 1:
     raise study.StudyError(f'--batch_size must be >= 1, got {_BATCH_SIZE.value}.')
+  thresholds = []
+  for text in _THRESHOLDS.value:
+    try:
+      value = float(text)
+    except ValueError:
+      value = math.nan
+    if not 0 < value <= 100:
+      raise study.StudyError(f'--thresholds: {text!r} is not a test accuracy in percent in '
+                             '(0, 100]; give e.g. --thresholds=20,25,30.')
+    thresholds.append(value / 100)
   study_dir = cli.user_path(_STUDY_DIR.value)
   study.read_manifest(study_dir)  # A bad --study_dir fails before anything is created.
+  if _ARCHIVE_DIR.value:
+    archive_dir = cli.user_path(_ARCHIVE_DIR.value)
+    cli.ensure_writable_dir(archive_dir)
+    names = report.archive(study_dir, archive_dir, data_dir=cli.user_path(_DATA_DIR.value or '')
+                           or None, max_examples=_MAX_EXAMPLES.value or None,
+                           batch_size=_BATCH_SIZE.value, log=lambda s: print(s, flush=True))
+    print(f'archived {len(names)} finished run(s) of {study_dir} in {archive_dir}; report: '
+          f'python -m bin.report --study_dir={archive_dir}')
+    return 0
   output_dir = cli.user_path(_OUTPUT_DIR.value or os.path.join(study_dir, 'report'))
   cli.ensure_writable_dir(output_dir)
   written = report.build(study_dir, output_dir, spectra=_SPECTRA.value,
                          data_dir=cli.user_path(_DATA_DIR.value or '') or None,
                          max_examples=_MAX_EXAMPLES.value or None,
                          batch_size=_BATCH_SIZE.value, log=lambda s: print(s, flush=True),
-                         latex_table=_LATEX.value)
+                         latex_table=_LATEX.value, thresholds=thresholds)
   with open(written['markdown']) as f:
     print(f.read().split('\n- ')[0].rstrip())  # The table.
   for kind, path in written.items():

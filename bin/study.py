@@ -29,7 +29,7 @@ from absl import logging
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top  (before TF)
 if __name__ == '__main__':
-  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (issue 31)
+  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
 # As in bin/train: TensorFlow imported before app.run (the configurations are resolved in here).
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 

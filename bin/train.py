@@ -26,7 +26,7 @@ from absl import flags
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top  (before TF)
 if __name__ == '__main__':
-  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (issue 31)
+  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
 
 # TensorFlow must be imported before absl's app.run: imported for the first time inside main(),
 # Keras 2.14 builds functional models from graph tensors and fails ("SymbolicTensor ... node").

@@ -41,6 +41,16 @@ def content_hash(images: np.ndarray, labels: np.ndarray, parts: Sequence[np.ndar
   return h.hexdigest()
 
 
+def examples_hash(images: np.ndarray, labels: np.ndarray) -> str:
+  """The identity of a data set's examples (pixels and labels, in their order), whatever the
+  partition, seed or number of clients: what the privacy ledger is kept by."""
+  h = hashlib.sha256()
+  h.update(str((images.shape, str(images.dtype))).encode())
+  h.update(np.ascontiguousarray(images).data)
+  h.update(np.ascontiguousarray(labels, np.int64).data)
+  return h.hexdigest()
+
+
 class ShardError(ValueError):
   """A client's cached shard is missing or differs from what was written; says how to recover."""
 
@@ -95,6 +105,9 @@ def write_client_shards(images: np.ndarray, labels: np.ndarray, parts: Sequence[
     return directory
   if bad != ['all']:
     log(f'client data cache {directory}: {len(bad)} shard(s) missing or changed; rewriting it.')
+  elif os.path.exists(os.path.join(directory, MANIFEST)):
+    log(f'client data cache {directory}: written from other data (its content hash differs); '
+        'rewriting it.')
   tmp = f'{directory.rstrip(os.sep)}.tmp-{os.getpid()}'
   if os.path.exists(tmp):
     shutil.rmtree(tmp)

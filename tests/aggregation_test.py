@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tasks import registry as task_registry
 from tests import testutil
 from tff_decorr.federated import aggregation
 from tff_decorr import algorithms
@@ -86,9 +87,10 @@ class RuntimeAggregatorTest(tf.test.TestCase):
         self.assertEqual(metrics[-1]['bytes_up'], plain[-1]['bytes_up'] + 3 * 4)
 
   def test_scaffold_control_variate_stays_the_clients_mean_under_clipping(self):
-    # Issue 24, defect 2. A clip of 1e-3 bounds every model delta hard; the control-variate
-    # deltas are summed exactly (Scaffold.exact_keys), so the server's c stays what SCAFFOLD
-    # defines: with c and every c_i starting at 0, c = (1/N) sum over ALL N clients of c_i.
+    # Clipping must not reach SCAFFOLD's control variates. A clip of 1e-3 bounds every model delta
+    # hard; the control-variate deltas are summed exactly (Scaffold.exact_keys), so the server's c
+    # stays what SCAFFOLD defines: with c and every c_i starting at 0, c = (1/N) sum over ALL N
+    # clients of c_i.
     clip = 1e-3
     alg = algorithms.build('scaffold', MODEL, CFG, regularizers.get('none'), num_clients=4)
     factory = tff.aggregators.clipping_factory(clip, tff.aggregators.MeanFactory())
@@ -165,6 +167,14 @@ class RuntimeAggregatorTest(tf.test.TestCase):
 class TrainWithAggregatorTest(tf.test.TestCase):
   """The training program with --aggregator=dp: epsilon per round, resumed, in the summary."""
 
+  def setUp(self):
+    super().setUp()
+    # Each test's privacy ledgers in a folder of its own (they are kept by the data, in the
+    # user's data folder: the tests share the digits data).
+    patcher = mock.patch.dict(os.environ, {'XDG_DATA_HOME': tempfile.mkdtemp()})
+    patcher.start()
+    self.addCleanup(patcher.stop)
+
   def test_dp_reports_epsilon_its_assumptions_and_every_release_on_the_data(self):
     out = tempfile.mkdtemp()
     settings = dict(task='digits', num_clients=4, clients_per_round=2, local_epochs=1,
@@ -186,7 +196,7 @@ class TrainWithAggregatorTest(tf.test.TestCase):
                   '--clients_per_round of --num_clients clients uniformly without replacement, '
                   'and the sample is secret', log)
     self.assertIn('it does not cover the seeded client sampling', log)
-    self.assertNotIn('released on this client data before', log)
+    self.assertNotIn('released on this data before', log)
     summary, log = train(3)  # resumes after round 2
     with open(os.path.join(run, 'metrics.csv')) as f:
       rows = list(csv.DictReader(f))
@@ -209,18 +219,18 @@ class TrainWithAggregatorTest(tf.test.TestCase):
     # are counted with its own 3 (the model's own epsilon stays that of its 3 rounds).
     shutil.rmtree(os.path.join(run, 'checkpoints'))
     summary, log = train(3)
-    self.assertIn('Privacy: 3 DP rounds were released on this client data before this start', log)
+    self.assertIn('Privacy: 3 DP rounds were released on this data before this start', log)
     self.assertEqual(summary['dp_releases_on_data'], 6)
     self.assertAllClose(summary['dp_epsilon'], reference(3), rtol=1e-9)
     self.assertAllClose(summary['dp_epsilon_all_releases'], reference(6), rtol=1e-9)
-    self.assertIn('6 DP rounds were released on this client data, 3 of them in this run',
+    self.assertIn('6 DP rounds were released on this data, 3 of them in this run',
                   summary['dp_note'])
     self.assertIn('Privacy: 6 DP rounds were released', log)
 
     # --overwrite with other noise: the old run is moved aside, its releases still count.
     settings['dp_noise_multiplier'] = 1.6
     summary, log = train(1, overwrite=True)
-    self.assertIn('6 DP rounds were released on this client data before', log)
+    self.assertIn('6 DP rounds were released on this data before', log)
     self.assertEqual(summary['dp_releases_on_data'], 7)
     self.assertAllClose(summary['dp_epsilon_all_releases'], testutil.dp_epsilon_reference(
         [(0.8, 2, 4, 6), (1.6, 2, 4, 1)], delta), rtol=1e-9)
@@ -250,18 +260,77 @@ class TrainWithAggregatorTest(tf.test.TestCase):
                         testutil.dp_epsilon_reference([(0.8, 2, 4, 2)], delta), rtol=1e-9)
     self.assertAllClose(summary['dp_epsilon_all_releases'],
                         testutil.dp_epsilon_reference([(0.8, 2, 4, 3)], delta), rtol=1e-9)
-    self.assertIn('3 DP rounds were released on this client data, 2 of them in this run',
+    self.assertIn('3 DP rounds were released on this data, 2 of them in this run',
                   summary['dp_note'])
 
-  def test_dp_noise_too_high_for_adaptive_clipping_names_the_flags(self):
-    c = config.make(task='digits', num_clients=4, clients_per_round=2, aggregator='dp',
-                    dp_noise_multiplier=1.0, regularizer='none')
-    c.output_dir = os.path.join(tempfile.mkdtemp(), 'run')
-    with self.assertRaisesRegex(ValueError, r'--dp_noise_multiplier=1.0: adaptive clipping '
-                                r'\(--dp_clip=0\) needs a noise multiplier below 0.1 x '
-                                r'--clients_per_round = 0.2'):
-      training.train(c, log=lambda s: None)
-    self.assertFalse(os.path.exists(c.output_dir))  # a failed start leaves nothing behind
+  def test_dp_with_its_defaults_builds_on_every_tasks_default_clients_per_round(self):
+    for name in task_registry.names():
+      with self.subTest(task=name):
+        c = config.make(task=name, aggregator='dp', regularizer='none')
+        factory = aggregation.build('dp', c.component_hparams('aggregator'), aggregation.RunShape(
+            num_clients=c.num_clients, clients_per_round=c.clients_per_round, rounds=c.rounds))
+        clipping = factory.clipping()
+        # Noise 1.0 with at most 10 clients a round: TFF cannot estimate the clip.
+        self.assertLessEqual(c.clients_per_round, 10)
+        self.assertEqual((clipping['dp_clipping'], clipping['dp_clip']),
+                         ('fixed', aggregation.FALLBACK_CLIP))
+        self.assertIn(f'0.1 x --clients_per_round = {0.1 * c.clients_per_round:g}',
+                      clipping['dp_clipping_note'])
+        self.assertNotIn(aggregation.DP_NOT_COVERED_ADAPTIVE, factory.not_covered())
+    # Where the noise allows it, --dp_clip=0 is adaptive; a given --dp_clip is fixed, no note.
+    adaptive = aggregation.build('dp', aggregation.DpHParams(noise_multiplier=0.1),
+                                 aggregation.RunShape(num_clients=4, clients_per_round=2, rounds=2))
+    self.assertEqual(adaptive.clipping(), {'dp_clipping': 'adaptive'})
+    self.assertIn(aggregation.DP_NOT_COVERED_ADAPTIVE, adaptive.not_covered())
+    fixed = aggregation.build('dp', aggregation.DpHParams(clip=2.0),
+                              aggregation.RunShape(num_clients=4, clients_per_round=2, rounds=2))
+    self.assertEqual(fixed.clipping(), {'dp_clipping': 'fixed', 'dp_clip': 2.0})
+
+  def test_dp_with_its_defaults_trains_and_says_which_clipping_ran(self):
+    out = tempfile.mkdtemp()
+    c = config.make(task='digits', aggregator='dp', regularizer='none', rounds=1, local_epochs=1,
+                    batch_size=64, cache_dir=os.path.join(out, 'cache'))
+    self.assertEqual((c.num_clients, c.clients_per_round), (10, 10))  # the task's defaults
+    c.output_dir = os.path.join(out, 'run')
+    lines = []
+    summary = training.train(c, log=lines.append)
+    log = '\n'.join(lines)
+    self.assertIn('Privacy: fixed L2 clip 0.1 (--dp_clip=0 asks for adaptive clipping, which '
+                  'needs a noise multiplier below 0.1 x --clients_per_round = 1', log)
+    self.assertEqual(summary['dp_clipping'], 'fixed')
+    self.assertEqual(summary['dp_clip'], 0.1)
+    self.assertIn('a fixed L2 clip of 0.1', summary['dp_clipping_note'])
+    self.assertTrue(np.isfinite(summary['dp_epsilon']))
+    with open(os.path.join(c.output_dir, 'summary.json')) as f:
+      self.assertEqual(json.load(f)['dp_clipping'], 'fixed')
+
+  def test_dp_lists_raw_per_client_outputs_as_not_covered(self):
+    # --save_local_models and --track_collapse write clients' un-noised local models and spectra:
+    # listed in dp_not_covered and in the log, not refused (Experiment.dp_not_covered says why).
+    out = tempfile.mkdtemp()
+    c = config.make(task='digits', num_clients=4, clients_per_round=2, rounds=1, local_epochs=1,
+                    batch_size=64, regularizer='none', aggregator='dp', dp_clip=1.0,
+                    dp_noise_multiplier=0.8, track_collapse=True,
+                    cache_dir=os.path.join(out, 'cache'))
+    c.output_dir = os.path.join(out, 'run')
+    lines = []
+    summary = training.train(c, log=lines.append, save_local_models=['0', '1', '2', '3'],
+                             save_local_rounds=[1])
+    not_covered = ' '.join(summary['dp_not_covered'])
+    self.assertIn('--save_local_models=0,1,2,3: those clients\' local models, exported '
+                  'un-noised and unclipped under local_models/', not_covered)
+    self.assertIn('--track_collapse: the representation spectrum of one sampled client\'s local '
+                  'model', not_covered)
+    (line,) = [l for l in lines if l.startswith('Privacy: it does not cover')]
+    self.assertIn('--save_local_models=0,1,2,3', line)
+    self.assertIn('--track_collapse', line)
+    self.assertTrue(os.path.isdir(os.path.join(c.output_dir, 'local_models', 'round_1')))
+    # Without them, neither is listed; nor is the adaptive clip's item under a fixed clip.
+    c.output_dir = os.path.join(out, 'plain')
+    c.track_collapse = False
+    summary = training.train(c, log=lambda s: None)
+    self.assertNotIn('local', ' '.join(summary['dp_not_covered']))
+    self.assertNotIn(aggregation.DP_NOT_COVERED_ADAPTIVE, summary['dp_not_covered'])
 
   def test_secure_says_it_is_simulated_in_the_log_and_the_summary(self):
     out = tempfile.mkdtemp()

@@ -1,4 +1,4 @@
-"""The combination matrix (issue 24, defect 7) on its smallest setting.
+"""The combination matrix on its smallest setting.
 
 Every registered algorithm x every registered aggregator x both runtimes is either refused before
 anything is written, with a ValueError naming --aggregator or --runtime (by `config.make`, and by
@@ -12,7 +12,7 @@ What is trained here: every `--aggregator=mean` cell in both runtimes, and the f
 TRAINED_FACTORY_CELLS. A factory cell costs 40-170 s on this 2-core machine whatever the rounds
 (TFF traces and compiles its computation: robust about 60 s, dp 40 s, compression and secure
 150-170 s, measured under load 3-4), so all 22 allowed factory cells would take about 40 minutes;
-`bench/matrix.py` trains every allowed cell (docs/benchmarks.md §10), and tests/aggregation_test.py
+`bench/matrix.py` trains every allowed cell (docs/benchmarks.md §7), and tests/aggregation_test.py
 checks each factory's arithmetic on a tiny model.
 """
 
@@ -22,6 +22,7 @@ import math
 import os
 import shutil
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 import numpy as np
@@ -42,7 +43,7 @@ ROUNDS = 3
 SMALLEST = dict(task='digits', num_clients=4, clients_per_round=4, rounds=ROUNDS, momentum=0.9,
                 seed=0, regularizer='feddecorr', eval_every=ROUNDS)
 # DP at a setting that can train with 4 clients: a fixed clip and little noise. What is tested is
-# that the combination computes the right thing, not privacy (docs/benchmarks.md §8a).
+# that the combination computes the right thing, not privacy (docs/benchmarks.md §9).
 DP_SETTINGS = dict(dp_clip=1.0, dp_noise_multiplier=0.01)
 # Literal properties of TFF's factories behind the aggregators (checked against the registry in
 # test_refusals_follow_the_declared_capabilities): DP and secure sums are private; at their
@@ -70,6 +71,9 @@ class MatrixTest(absltest.TestCase):
     super().setUpClass()
     cls.tmp = tempfile.mkdtemp()
     cls.cache = os.path.join(cls.tmp, 'cache')
+    # The DP cells' privacy ledger in the test's folder, not the user's data folder.
+    cls.data_home = mock.patch.dict(os.environ, {'XDG_DATA_HOME': os.path.join(cls.tmp, 'data')})
+    cls.data_home.start()
     cls.cells = {}  # (algorithm, aggregator, runtime) -> Config, or the ValueError refusing it
     for alg in algorithms.names():
       for agg in aggregation.names():
@@ -96,6 +100,7 @@ class MatrixTest(absltest.TestCase):
 
   @classmethod
   def tearDownClass(cls):
+    cls.data_home.stop()
     tff_context.stop_all()
     shutil.rmtree(cls.tmp, ignore_errors=True)
     super().tearDownClass()

@@ -29,7 +29,7 @@ class DpAccountingTest(parameterized.TestCase):
 
   @parameterized.parameters(
       # Large epsilon, where Theorem 9 is what a correct accountant computes: equal.
-      (1.0, 10, 100, 100, 1e-5),  # issue 24's example: 83.94 (14.05 before its fix)
+      (1.0, 10, 100, 100, 1e-5),  # 83.94 (14.05 with the multiplier passed whole)
       (2.0, 5, 50, 50, 1e-3),
       (0.8, 2, 4, 3, 1 / 4 ** 1.1),  # aggregation_test's run
       (2.0, 10, 10, 10, 1e-5),  # every client every round: 19.05

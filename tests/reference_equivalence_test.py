@@ -12,7 +12,7 @@ What is compared, and why these tolerances:
   (~1e-13 after one step), so weights are compared to 1e-7: ResNet20 after 1 and 10 steps with
   FedDecorr and after 1, 10 and 100 without, MobileNetV2 after 1 step. Training here is chaotic:
   in PyTorch alone, a 1e-11 relative perturbation of ResNet20's initial weights grows to O(1)
-  weight differences within 25-100 steps (docs/benchmarks.md §9), so longer trajectories can only
+  weight differences within 25-100 steps (docs/benchmarks.md §6), so longer trajectories can only
   agree statistically (bench/fidelity.py).
 - float32 (what runs in production): forward outputs, the first step's gradients and the
   BatchNorm statistics after one step (the fused kernel's unbiased running variance, as PyTorch).

@@ -1,5 +1,5 @@
 """bench/reference_main.py's argument mapping: the argv it builds for each algorithm means, to the
-reference's own argument parsers, issue 23's setting and the values the project side is given.
+reference's own argument parsers, the fidelity setting and the values the project side is given.
 
 The parsers are the reference's own code: `get_args` of its main.py and each approach's
 `extra_parser`, read from a checkout (FEDDECORR_DIR, default /tmp/FedDecorr; skipped without one)
@@ -53,7 +53,7 @@ class ReferenceParsersTest(absltest.TestCase):
     with mock.patch.object(sys, 'argv', ['main.py']):
       return args, extra_parser(rest)
 
-  def test_every_algorithm_is_issue23s_setting_with_the_projects_values(self):
+  def test_every_algorithm_is_the_fidelity_setting_with_the_projects_values(self):
     with open(os.path.join(REFERENCE_DIR, 'main.py')) as f:
       main_source = f.read()
     for name, m in reference_main.ALGORITHMS.items():
@@ -94,11 +94,11 @@ class ReferenceParsersTest(absltest.TestCase):
       self.assertIn('partition == "noniid-labeldir" or partition == "noniid"', f.read())
 
 
-class Issue23ArgsTest(absltest.TestCase):
+class FidelityArgsTest(absltest.TestCase):
 
   def test_extra_replaces_a_setting_and_appends_the_rest(self):
-    argv = reference_main.issue23_args('fedprox', 2, ['--n_comm_round=1', '--mu=0.01',
-                                                      '--feddecorr'])
+    argv = reference_main.fidelity_args('fedprox', 2, ['--n_comm_round=1', '--mu=0.01',
+                                                        '--feddecorr'])
     self.assertIn('--n_comm_round=1', argv)
     self.assertNotIn('--n_comm_round=10', argv)
     self.assertEqual(argv[-2:], ['--mu=0.01', '--feddecorr'])
@@ -106,7 +106,7 @@ class Issue23ArgsTest(absltest.TestCase):
     self.assertIn('--init_seed=2', argv)
     self.assertEqual(len({a.split('=')[0] for a in argv}), len(argv))
     with self.assertRaises(ValueError):
-      reference_main.issue23_args('fedavg', 0, ['mu=1'])
+      reference_main.fidelity_args('fedavg', 0, ['mu=1'])
 
 
 class ProjectSettingsTest(absltest.TestCase):

@@ -1,6 +1,6 @@
 """The project's server optimisers (FedAvgM, FedAdam, FedYogi, FedAdagrad), FedExP, and its
 client-side variants (FedLC, FedRS, FedSAM) against the PyTorch reference's own `approach/*.py`
-classes, in float64 (issue 29).
+classes, in float64.
 
 Fixtures: tests/testdata/reference/algorithms/, made once by bench/reference_fixtures_algorithms.py
 (its docstring says what every file holds and with which settings): ResNet20 from the reference's

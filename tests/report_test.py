@@ -34,13 +34,6 @@ _CHROMIUM_FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--hide-scroll
 _TINY = ['--num_clients=4', '--local_epochs=1', '--batch_size=64', '--rounds=2', '--runtime=tf']
 
 
-def _check(proc, what):
-  if proc.returncode != 0:
-    raise AssertionError(f'{what} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n'
-                         f'{proc.stderr[-3000:]}')
-  return proc
-
-
 def _effective_rank(saved_model, images):
   """Independently of tff_decorr.collapse.analysis: numpy covariance, eigenvalues, exp(entropy)."""
   fn = tf.saved_model.load(saved_model).signatures['serving_default']
@@ -59,16 +52,18 @@ class ReportTest(absltest.TestCase):
     cls.study_dir = os.path.join(cls.tmp, 'study')
     common = [f'--study_dir={cls.study_dir}', '--regularizer=none,feddecorr', *_TINY,
               f'--cache_dir={os.path.join(cls.tmp, "cache")}']
-    _check(testutil.run_module('bin.study', *common, '--seed=0,1'), 'bin/study')
-    plan = _check(testutil.run_module('bin.study', *common, '--seed=0,1,2', '--print_plan'),
-                  'bin/study --print_plan').stdout.splitlines()
+    testutil.check(testutil.run_module('bin.study', *common, '--seed=0,1'), 'bin/study')
+    plan = testutil.check(testutil.run_module('bin.study', *common, '--seed=0,1,2',
+                                              '--print_plan'),
+                          'bin/study --print_plan').stdout.splitlines()
     assert len(plan) == 2, plan  # Seed 2's two runs; the four finished ones are not printed.
     # Seed 2 with no regulariser, stopped after round 1 (a later --rounds wins in absl).
-    _check(subprocess.run(plan[0] + ' --rounds=1', shell=True, capture_output=True, text=True),
-           'the first planned run')
+    testutil.check(subprocess.run(plan[0] + ' --rounds=1', shell=True, capture_output=True,
+                                  text=True), 'the first planned run')
     cls.out = os.path.join(cls.tmp, 'report')
-    cls.proc = _check(testutil.run_module('bin.report', f'--study_dir={cls.study_dir}',
-                                          f'--output_dir={cls.out}', '--latex'), 'bin/report')
+    cls.proc = testutil.check(testutil.run_module(
+        'bin.report', f'--study_dir={cls.study_dir}', f'--output_dir={cls.out}', '--latex'),
+        'bin/report')
     with open(os.path.join(cls.out, 'table.csv'), newline='') as f:
       cls.rows = {r['regularizer']: r for r in csv.DictReader(f)}
     # The runs as their own files say, not as the report read them.
@@ -257,8 +252,9 @@ class ReportTest(absltest.TestCase):
 
   def test_without_spectra(self):
     out = os.path.join(self.tmp, 'nospectra')
-    proc = _check(testutil.run_module('bin.report', f'--study_dir={self.study_dir}',
-                                      f'--output_dir={out}', '--nospectra'), 'bin/report')
+    proc = testutil.check(testutil.run_module(
+        'bin.report', f'--study_dir={self.study_dir}', f'--output_dir={out}', '--nospectra'),
+        'bin/report')
     self.assertNotIn('spectrum of', proc.stdout)
     self.assertFalse(os.path.exists(os.path.join(out, 'spectra.png')))
     with open(os.path.join(out, 'report.html')) as f:

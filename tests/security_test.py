@@ -95,20 +95,22 @@ class SavedModelScanTest(absltest.TestCase):
     super().tearDownClass()
 
   def test_a_savedmodel_that_reads_files_is_refused_before_loading(self):
-    self.assertEqual([op for op, _ in graph_check.unsafe_operations(self.hostile)],
-                     ['ReadFile', 'WriteFile'])
+    refused = dict(graph_check.unsafe_operations(self.hostile))
+    self.assertEqual((refused['ReadFile'], refused['WriteFile']), ('reads files', 'writes files'))
     with self.assertRaises(graph_check.UnsafeGraphError) as raised:
       export.load_serving(self.hostile)
     message = str(raised.exception)
     self.assertNotIn('\n', message)
-    self.assertIn(f'--saved_model={self.hostile} contains operations that reach outside the '
-                  'model: ReadFile (reads files), WriteFile (writes files)', message)
+    self.assertIn(f'--saved_model={self.hostile} contains operations tff_decorr never writes: ',
+                  message)
+    self.assertIn('ReadFile (reads files)', message)
+    self.assertIn('WriteFile (writes files)', message)
     self.assertFalse(os.path.exists(self.stolen))
     # As a run's newest checkpoint: refused as such, not reported as damage.
     run = os.path.join(self.tmp, 'run')
     shutil.copytree(self.hostile, os.path.join(run, 'checkpoints', 'round_1'))
     with self.assertRaisesRegex(graph_check.UnsafeGraphError, r'the checkpoint .*round_1 contains '
-                                'operations that reach outside the model: ReadFile'):
+                                'operations tff_decorr never writes: .*ReadFile'):
       program.newest_checkpoint_round(run)
     self.assertFalse(os.path.exists(self.stolen))
     # Control: loading and calling it does read and write (the scan is not refusing a no-op).

@@ -1,4 +1,4 @@
-"""Correctness properties of the client-step speed work (issue 18); nothing here is timed.
+"""Correctness properties of the client step's speed changes; nothing here is timed.
 
 - The local-training loop runs in the client function's own graph, not inside tf.data: no
   ReduceDataset/ScanDataset in the graph the TF runtime runs nor in the one TFF's worker receives.

@@ -28,6 +28,14 @@ def run_module(module: str, *args: str, timeout: float = 600, env=None):
                         text=True, timeout=timeout, env=full_env)
 
 
+def check(proc, what: str):
+  """`proc` (a finished subprocess.run), or an AssertionError with its exit code and output."""
+  if proc.returncode != 0:
+    raise AssertionError(f'{what} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n'
+                         f'{proc.stderr[-3000:]}')
+  return proc
+
+
 def worker_binaries() -> list[str]:
   """Command lines of running TFF worker processes (for leak checks)."""
   out = subprocess.run(['pgrep', '-af', 'worker_binary'], capture_output=True, text=True)

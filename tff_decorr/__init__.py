@@ -28,14 +28,15 @@ MOVED = {
        for m in ('config', 'deprecated_flags', 'training', 'experiment', 'program',
                  'client_state', 'run_dir', 'export', 'personalized', 'cli', 'study', 'report')},
     **{f'tff_decorr.{m}': f'tff_decorr.collapse.{m}' for m in ('analysis', 'plots')},
-    # Moved down a layer later (issue 31's house item): the federated layer imports it, and a
+    # Moved down a layer later (commit 05d0c56): the federated layer imports it, and a
     # lower layer must not import from run/. Its flat path of before 1c5fa3b is its path again.
     'tff_decorr.run.tf_env': 'tff_decorr.tf_env',
-    # Moved up a layer later (the same item): the run program's round-end hook, which imports
-    # run/export; collapse/ keeps the measurements (analysis, plots) and imports nothing above.
+    # Moved up a layer later (commit 4eaf560): the run program's round-end hook, which
+    # imports run/export; collapse/ keeps the measurements (analysis, plots) and imports nothing
+    # above.
     'tff_decorr.collapse_tracking': 'tff_decorr.run.collapse_tracking',
     'tff_decorr.collapse.collapse_tracking': 'tff_decorr.run.collapse_tracking',
-    # Moved up a layer later (the same item): the tff.learning face over runtimes/rounds, a sibling
+    # Moved up a layer later (commit 1b23507): the tff.learning face over runtimes/rounds, a sibling
     # of tff_runtime and tf_runtime; federated/ keeps the TFF machinery that runtimes/ imports.
     'tff_decorr.learning': 'tff_decorr.runtimes.learning',
     'tff_decorr.federated.learning': 'tff_decorr.runtimes.learning',

@@ -84,7 +84,7 @@ def build(name: str, model_fn: Callable, config: ClientConfig = ClientConfig(),
 for _cls in (fedavg.FedAvg, fedprox.FedProx, fedavgm.FedAvgM, fedbn.FedBN, moon.Moon,
              scaffold.Scaffold, fednova.FedNova, fedavg_decomposed.FedAvgDecomposed):
   register(_cls)
-for _cls in (fedlc.FedLC, fedrs.FedRS, fedsam.FedSAM,  # the reference's other baselines (issue 29)
+for _cls in (fedlc.FedLC, fedrs.FedRS, fedsam.FedSAM,  # the reference's other baselines
              fedopt.FedAdagrad, fedopt.FedAdam, fedopt.FedYogi, fedexp.FedExp):
   register(_cls)
 NAMES = names()  # The built-in algorithms (registered ones added later appear in names()).

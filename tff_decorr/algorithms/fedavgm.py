@@ -8,7 +8,7 @@ delta = avg_i(y_i) - x (example-weighted average of the whole state, as FedAvg),
 They differ: with server_lr=1 the 'tff' form takes steps about 1/(1-b) times larger.
 The momentum covers the trainable weights (BN gamma and beta included). Non-trainable state (BN
 moving mean and variance) follows the rule `bn` chooses (docs/algorithms.md, fedavgm):
-- bn='average' (the default since issue 29): FedAvg's rule, s <- avg_i(s_i);
+- bn='average' (the default since 4f05243): FedAvg's rule, s <- avg_i(s_i);
 - bn='ema' (the default until then): an exponential moving average toward the clients'
   example-weighted average with the same coefficient b, s <- b*s + (1-b)*avg_i(s_i);
 - bn='reference': the same momentum rule as the weights (the reference puts its whole state_dict
@@ -16,7 +16,7 @@ moving mean and variance) follows the rule `bn` chooses (docs/algorithms.md, fed
 Why not the reference's momentum by default: statistics are running estimates of the data, not
 parameters with a gradient, and server momentum is an underdamped iteration (eigenvalues of
 modulus sqrt(b)): when the clients' averaged variance drops and stays small, the variance
-overshoots below zero (hence the clamp; at issue 23's setting it reached 0 and the model chance).
+overshoots below zero (hence the clamp; at the fidelity setting it reached 0 and the model chance).
 Why the average rather than the EMA: the EMA never overshoots either, but keeps b^r of the initial
 statistics, and the average trained best at both settings measured (docs/algorithms.md, the
 table). Both are convex combinations: a variance never goes negative. With 'ema' and 'average'
@@ -52,7 +52,7 @@ class FedAvgMHParams(hparams.HParams):
                                    min_exclusive=True)
   bn: str = hparams.field('average', 'BN moving statistics: average = FedAvg\'s average (the '
                           'default: trained best, docs/algorithms.md); ema = s <- b s + (1-b) avg '
-                          '(the default before issue 29); reference = the same momentum as the '
+                          '(older runs\' rule); reference = the same momentum as the '
                           'weights (the reference), variances clamped at 0.',
                           choices=BN_RULES)
 

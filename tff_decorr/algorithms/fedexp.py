@@ -23,9 +23,10 @@ state_dict, so they include each BN layer's integer step counter, whose delta is
 step count K_i. With L BN layers that adds L K_i^2 to ||Delta_i||^2 and L (sum_i p_i K_i)^2 to
 ||avg||^2; it swamps the weights' terms and makes eta_g about max(1, E_p[K^2] / (2 E_p[K]^2)), i.e.
 FedAvg's step unless the clients' step counts vary widely. Keras BN has no such counter.
-- True (the default, as the reference; issue 29 asks for its behaviour where it and the paper
-  differ): the counters' terms are added to both norms, from each client's own step count (uploaded
-  exactly beside its norm). A model without BN layers has none, as in the reference.
+- True (the default, as the reference, which the project follows where it and the paper differ;
+  with it the project's FedExP ends within one std of the reference's, docs/benchmarks.md §6): the
+  counters' terms are added to both norms, from each client's own step count (uploaded exactly
+  beside its norm). A model without BN layers has none, as in the reference.
 - False: the paper's norms, over the weights (and the statistics, by `bn`) only.
 Evaluation uses the last iterate, as the reference; the paper reports the average of the last two
 iterates (x_t + x_{t-1}) / 2, which the reference does not do.

@@ -169,8 +169,9 @@ def curves_figure(panels: Mapping[str, Sequence[Mapping[str, Any]]], xlabel: str
 
   `panels` maps a panel title to a list of curves, each a mapping with 'label', 'x', 'y', and
   optionally 'color' (the same configuration keeps its colour in every panel and figure; default:
-  the next of matplotlib's cycle), 'std' (drawn as a +-std band around y) and 'incomplete' (drawn
-  dotted, thin, with markers: a run that has not finished, shown but never part of a mean)."""
+  the next of matplotlib's cycle), 'std' (drawn as a +-std band around y), 'linestyle' and
+  'incomplete' (drawn dotted, thin, with markers: a run that has not finished, shown but never
+  part of a mean)."""
   if not panels:
     raise ValueError('panels must hold at least one panel of curves.')
   rows, cols, fig = _grid(len(panels), 4.6, 3.5)
@@ -186,7 +187,7 @@ def curves_figure(panels: Mapping[str, Sequence[Mapping[str, Any]]], xlabel: str
         ax.plot(x, y, linestyle=':', linewidth=1.0, marker='x', markersize=4, color=color,
                 label=curve['label'])
         continue
-      ax.plot(x, y, color=color, label=curve['label'])
+      ax.plot(x, y, color=color, linestyle=curve.get('linestyle', '-'), label=curve['label'])
       if curve.get('std') is not None:
         std = np.asarray(curve['std'], dtype=np.float64)
         ax.fill_between(x, y - std, y + std, color=color, alpha=0.2, linewidth=0)
@@ -227,8 +228,9 @@ def spectra_figure(panels: Mapping[str, Sequence[Mapping[str, Any]]], top: int =
   """Normalised spectra on one axes per panel, panels and colours as `curves_figure`'s.
 
   `panels` maps a panel title to a list of spectra, each a mapping with 'label', 'sv' (singular
-  values, any order) and optionally 'color'. Each spectrum is divided by its largest value and
-  cut at `floor` (relative_spectrum), so the log y-axis spans [floor, 1] and says so."""
+  values, any order) and optionally 'color' and 'linestyle'. Each spectrum is divided by its
+  largest value and cut at `floor` (relative_spectrum), so the log y-axis spans [floor, 1] and
+  says so."""
   if not panels:
     raise ValueError('panels must hold at least one panel of spectra.')
   _check_top(top)
@@ -244,7 +246,7 @@ def spectra_figure(panels: Mapping[str, Sequence[Mapping[str, Any]]], top: int =
       rel = relative_spectrum(item['sv'], floor, f'{panel}: {item["label"]}')[:top]
       longest = max(longest, rel.size)
       ax.plot(np.arange(1, rel.size + 1), rel, color=item.get('color') or f'C{k % 10}',
-              label=item['label'])
+              linestyle=item.get('linestyle', '-'), label=item['label'])
     ax.set_yscale('log')
     ax.set_xlabel('index k (descending)')
     ax.set_ylabel('singular value / largest')

@@ -74,8 +74,9 @@ class DpHParams(hparams_lib.HParams):
       minimum=0.0)
   clip: float = hparams_lib.field(
       0.0, 'fixed L2 clip of each client update; 0: adaptive clipping '
-      '(tff.learning.dp_aggregator, which needs a noise multiplier small enough for the clients '
-      'per round).', minimum=0.0)
+      '(tff.learning.dp_aggregator) where TFF can estimate the clip, i.e. with a noise '
+      'multiplier below 0.1 x --clients_per_round, else a fixed clip of 0.1 (the clip TFF\'s '
+      'adaptive clipping starts from); the log and summary.json say which ran.', minimum=0.0)
   target_delta: float = hparams_lib.field(
       0.0, 'delta of the reported (epsilon, delta), below 1 / num_clients; 0: 1 / '
       'num_clients^1.1.', minimum=0.0,
@@ -114,23 +115,39 @@ def _compression(hp: CompressionHParams, shape: RunShape):
   return factory
 
 
+# --dp_clip=0 where adaptive clipping cannot meet the noise: TFF's adaptive clipping starts from
+# this L2 clip (tff.learning.dp_aggregator's initial_l2_norm_clip), so a run falls back to the
+# clip an adaptive run would begin with.
+FALLBACK_CLIP = 0.1
+
+
+def adaptive_clipping_possible(noise_multiplier: float, clients_per_round: int) -> bool:
+  """Whether tff.learning.dp_aggregator can estimate the clip: it spends part of the noise on the
+  estimate, with a count noise of 0.05 x clients per round, and the total must stay below twice
+  that (TFF's adaptive_clip_noise_params)."""
+  return noise_multiplier < 0.1 * clients_per_round
+
+
 def _dp(hp: DpHParams, shape: RunShape):
   if hp.target_delta:
     check_delta(hp.target_delta, shape.num_clients)
+  clip, fallback = hp.clip or None, None
+  if clip is None and not adaptive_clipping_possible(hp.noise_multiplier, shape.clients_per_round):
+    clip = FALLBACK_CLIP
+    fallback = (f'--dp_clip=0 asks for adaptive clipping, which needs a noise multiplier below '
+                f'0.1 x --clients_per_round = {0.1 * shape.clients_per_round:g} (TFF spends part '
+                f'of the noise on estimating the clip), and --dp_noise_multiplier is '
+                f'{hp.noise_multiplier:g}: a fixed L2 clip of {FALLBACK_CLIP:g} (the clip adaptive '
+                'clipping starts from) ran instead; give --dp_clip to choose it, or sample more '
+                'clients for adaptive clipping')
   try:
-    return dp_aggregator(hp.noise_multiplier, shape.clients_per_round, shape.num_clients,
-                         target_delta=hp.target_delta or None, max_rounds=shape.rounds,
-                         zeroing=hp.zeroing, clip=hp.clip or None)
+    factory = dp_aggregator(hp.noise_multiplier, shape.clients_per_round, shape.num_clients,
+                            target_delta=hp.target_delta or None, max_rounds=shape.rounds,
+                            zeroing=hp.zeroing, clip=clip)
   except ValueError as e:
-    if hp.clip:
-      raise ValueError(f'--aggregator=dp: {e}') from None
-    # TFF's adaptive clipping spends part of the noise on estimating the clip, with a count noise
-    # of 0.05 * clients per round; the total must stay below twice that (adaptive_clip_noise_params).
-    raise ValueError(
-        f'--dp_noise_multiplier={hp.noise_multiplier}: adaptive clipping (--dp_clip=0) needs a '
-        f'noise multiplier below 0.1 x --clients_per_round = {0.1 * shape.clients_per_round:g} '
-        '(TFF spends part of the noise on estimating the clip); lower it, sample more clients, '
-        f'or give a fixed --dp_clip. (TFF: {e})') from None
+    raise ValueError(f'--aggregator=dp: {e}') from None
+  factory.clipping_note = fallback
+  return factory
 
 
 def _robust_bounds(hp: RobustHParams) -> bool:
@@ -152,10 +169,12 @@ DP_ASSUMES = (
     '--dp_noise_multiplier; replace-one sensitivity is twice the clip, so the accountant sees '
     'half the multiplier)',
 )
+DP_NOT_COVERED_ADAPTIVE = (
+    'the zeroing threshold and the adaptive clipping norm (--dp_zeroing, --dp_clip=0), released '
+    'without noise')
 DP_NOT_COVERED = (
     'the seeded client sampling (--seed): uniform only to someone who does not know the seed',
-    'the zeroing threshold and the adaptive clipping norm (--dp_zeroing, --dp_clip=0), released '
-    'without noise',
+    DP_NOT_COVERED_ADAPTIVE,
     'every metric (train loss and accuracy, regulariser values, bytes, aggregator measurements), '
     'released without noise',
     'evaluation on the test data, and the exported model\'s evaluation',
@@ -470,9 +489,9 @@ def dp_epsilons(noise_multiplier: float, clients_per_round: int, num_clients: in
   denominator, as TFF's DP mean). Under replace-one, swapping one client's clipped update (norm
   <= C) for another moves the sum by up to 2C, while the noise is noise_multiplier x C: in units
   of the sensitivity, which dp_accounting's Gaussian event takes, the multiplier is
-  noise_multiplier / 2 (issue 24: passing it whole understated epsilon 6x: 14.05 instead of 83.9
-  for z = 1, 10 of 100 clients, 100 rounds, delta 1e-5). RDP composes additively, so one round is
-  computed once.
+  noise_multiplier / 2 (before ae2f1ca it was passed whole, which understated epsilon 6x: 14.05
+  instead of 83.9 for z = 1, 10 of 100 clients, 100 rounds, delta 1e-5). RDP composes
+  additively, so one round is computed once.
   """
   import dp_accounting  # pylint: disable=g-import-not-at-top
   from dp_accounting.rdp import rdp_privacy_accountant as rdp  # pylint: disable=g-import-not-at-top
@@ -533,10 +552,27 @@ class AccountedDpFactory(tff.aggregators.UnweightedAggregationFactory):
   """
 
   def __init__(self, inner: tff.aggregators.UnweightedAggregationFactory, epsilons: np.ndarray,
-               target_delta: float):
+               target_delta: float, clip: Optional[float] = None):
     self.inner = inner
     self.epsilons = np.asarray(epsilons, np.float64)
     self.target_delta = float(target_delta)
+    self.clip = clip  # None: adaptive clipping (TFF's estimate); else the fixed L2 clip.
+    self.clipping_note = None  # Why a fixed clip ran where --dp_clip=0 asked for adaptive.
+
+  def clipping(self) -> dict:
+    """Which clipping ran, for the log and summary.json: dp_clipping ('adaptive' or 'fixed'),
+    dp_clip (the fixed clip) and dp_clipping_note (why a fixed clip replaced adaptive)."""
+    if self.clip is None:
+      return {'dp_clipping': 'adaptive'}
+    out = {'dp_clipping': 'fixed', 'dp_clip': float(self.clip)}
+    if self.clipping_note:
+      out['dp_clipping_note'] = self.clipping_note
+    return out
+
+  def not_covered(self) -> list:
+    """DP_NOT_COVERED, without the adaptive clip's item when a fixed clip ran."""
+    return [item for item in DP_NOT_COVERED
+            if self.clip is None or item != DP_NOT_COVERED_ADAPTIVE]
 
   def create(self, value_type):
     inner = self.inner.create(value_type)
@@ -598,4 +634,4 @@ def dp_aggregator(noise_multiplier: float, clients_per_round: int, num_clients: 
     inner = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
         noise_multiplier, clients_per_round, clip)
   eps = dp_epsilons(noise_multiplier, clients_per_round, num_clients, max_rounds, delta)
-  return AccountedDpFactory(inner, eps, delta)
+  return AccountedDpFactory(inner, eps, delta, clip=clip)

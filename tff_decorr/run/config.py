@@ -141,7 +141,7 @@ _LATER_KINDS = {'aggregator': 'mean'}
 # config.json without one means that value, and at that value it stays out of directory names.
 _LATER_FIELDS = {'fedavgm.bn': 'ema'}
 # Values of a component setting that stay out of directory names: the value runs had before the
-# setting existed, and a default changed later (fedavgm.bn: 'ema' before issue 29, 'average' since).
+# setting existed, and a default changed later (fedavgm.bn: 'ema' before 4f05243, 'average' since).
 # An old command then finds its old run, and config comparison refuses to resume it under the new
 # default with a message naming the setting (as for `init`); --fedavgm_bn=ema resumes it.
 _NAME_NEUTRAL_VALUES = {'fedavgm.bn': ('ema', 'average')}
@@ -222,8 +222,9 @@ def choose_runtime(requested: str, workers: str = '',
                    aggregator: str = 'mean') -> Tuple[str, str]:
   """(runtime, why) for `--runtime=requested`. 'auto' is the in-process runtime ('tf') for the
   plain mean: on a GPU (TFF 0.87's worker_binary is CPU-only), and on a CPU, where it trains one
-  client per core at once and a whole run of issue 23's setting took 0.87x the time of TFF's
-  runtime (docs/benchmarks.md §11b); no worker process is started. Settings only TFF's runtime
+  client per core at once and a whole run at the fidelity setting took 0.87x the time of TFF's
+  runtime (249 against 287 s, `bench.run_phases --settings=fidelity --runtime=tf|tff`,
+  docs/benchmarks.md §2); no worker process is started. Settings only TFF's runtime
   executes (--workers, a tff.aggregators factory) make 'auto' choose 'tff', GPU or not."""
   if requested != 'auto':
     return requested, f'--runtime={requested}'
@@ -348,7 +349,7 @@ def migrate_dict(d: Mapping[str, Any]) -> dict:
 def _add_later_generic(d: dict) -> dict:
   # Runs written before `init` existed built every model with Keras' initialisation: resuming one
   # with today's default (the model's reference initialisation) is refused as a different
-  # configuration, never mixed into it silently (issue 23).
+  # configuration, never mixed into it silently (c8b6f6d).
   d.setdefault('init', 'keras')
   d.setdefault('precision', 'float32')  # Runs written before `precision` computed in float32.
   return d

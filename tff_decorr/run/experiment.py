@@ -79,6 +79,14 @@ class Experiment:
         sort_keys=True).encode()).hexdigest()[:12]
     cache_root = c.cache_dir or os.path.join(os.path.expanduser('~'), '.cache', 'tff_decorr')
     shard_dir = os.path.join(cache_root, c.task, f'{c.partition}-{key}')
+    # The privacy ledger of these examples (run/privacy_ledger.py), outside the cache; a ledger an
+    # earlier release kept beside the shards is moved into it before a rebuild could delete it.
+    self.ledger = None
+    from tff_decorr.run import privacy_ledger  # pylint: disable=g-import-not-at-top
+    if (isinstance(self.aggregator, aggregation.AccountedDpFactory) or
+        os.path.exists(os.path.join(shard_dir, privacy_ledger.FILE_NAME))):
+      self.ledger = privacy_ledger.open_for_run(c.task, client_data.examples_hash(images, labels),
+                                                [shard_dir], log=self.log)
     client_data.write_client_shards(images, labels, parts, shard_dir, log=self.log)
     self.partition = parts
     self.train_labels = labels
@@ -118,11 +126,34 @@ class Experiment:
     return tff_runtime.TffRuntime(self.algorithm, self.client_dataset_fn,
                                   aggregator=self.aggregator)
 
-  def privacy(self, rounds: int, ledger=None) -> dict:
-    """(epsilon, delta) after `rounds` rounds under --aggregator=dp, what it assumes and does not
-    cover, and the epsilon of every DP release recorded in `ledger` (a privacy_ledger.Ledger of
-    this client data); under an aggregator whose guarantee needs a caveat (secure: simulated),
-    that caveat; else {}."""
+  def dp_not_covered(self, save_local_models=()) -> list:
+    """What --aggregator=dp's epsilon does not cover in this run: the aggregator's own list
+    (aggregation.DP_NOT_COVERED) and the per-client outputs the run writes without noise.
+
+    Those outputs are listed rather than refused: they are the simulation's measurements (the
+    local models of chosen clients, a sampled client's spectrum, a personalised algorithm's
+    per-client models), which a study of collapse or personalisation under DP needs, and the
+    run's operator already holds every client's data; like the metrics, they must not be
+    published as if dp_epsilon covered them. The log says so at the start (training.py)."""
+    c = self.config
+    out = self.aggregator.not_covered()
+    if save_local_models:
+      out.append(f'--save_local_models={",".join(str(i) for i in save_local_models)}: those '
+                 'clients\' local models, exported un-noised and unclipped under local_models/')
+    if c.track_collapse:
+      out.append('--track_collapse: the representation spectrum of one sampled client\'s local '
+                 'model each round (local_effective_rank, local_num_significant_sv, '
+                 'local_client), computed from its un-noised, unclipped local model')
+    if self.algorithm.personalized:
+      out.append(f'--algorithm={c.algorithm}: each client\'s own model (the variables it keeps '
+                 'local), exported un-noised under export/clients/ and evaluated per client')
+    return out
+
+  def privacy(self, rounds: int, ledger=None, save_local_models=()) -> dict:
+    """(epsilon, delta) after `rounds` rounds under --aggregator=dp, which clipping ran, what it
+    assumes and does not cover (dp_not_covered), and the epsilon of every DP release recorded in
+    `ledger` (a privacy_ledger.Ledger of this client data); under an aggregator whose guarantee
+    needs a caveat (secure: simulated), that caveat; else {}."""
     note = aggregation.note(self.config.aggregator)
     if note:
       return {'aggregator_note': f'--aggregator={self.config.aggregator}: {note}'}
@@ -131,8 +162,9 @@ class Experiment:
     # The factory's table covers rounds 1..config.rounds, the most a summary can report.
     out = {'dp_epsilon': float(self.aggregator.epsilons[rounds - 1]),
            'dp_delta': self.aggregator.target_delta,
+           **self.aggregator.clipping(),
            'dp_assumes': list(aggregation.DP_ASSUMES),
-           'dp_not_covered': list(aggregation.DP_NOT_COVERED)}
+           'dp_not_covered': self.dp_not_covered(save_local_models)}
     if ledger is not None:
       from tff_decorr.run import privacy_ledger  # pylint: disable=g-import-not-at-top
       entries, unreadable = ledger.entries()
@@ -140,11 +172,18 @@ class Experiment:
           'dp_ledger': ledger.path, 'dp_releases_on_data': len(entries),
           'dp_epsilon_all_releases': aggregation.dp_epsilon_of_releases(
               privacy_ledger.grouped(entries), self.aggregator.target_delta)})
+      missing, why = privacy_ledger.missing_releases(ledger, self.config.output_dir, rounds)
+      if missing:
+        out['dp_ledger_missing_releases'] = missing
+        out['dp_ledger_note'] = (
+            f'the ledger {ledger.path} lacks at least {missing} DP releases made on this data '
+            f'({why}): it was deleted or cut, and dp_epsilon_all_releases does not count them')
       if len(entries) > rounds or unreadable:
         out['dp_note'] = (
-            f'{len(entries)} DP rounds were released on this client data, {rounds} of them in '
-            'this run\'s model (the others: earlier runs, --overwrite, deleted checkpoints, or '
-            'rounds re-run after a crash); dp_epsilon counts this run\'s model only, '
+            f'{len(entries)} DP rounds were released on this data, {rounds} of them in '
+            'this run\'s model (the others: earlier runs, runs under another seed or partition '
+            'of the same examples, --overwrite, deleted checkpoints, or rounds re-run after a '
+            'crash); dp_epsilon counts this run\'s model only, '
             'dp_epsilon_all_releases counts every release'
             + (f'; {unreadable} unreadable ledger lines are not counted' if unreadable else ''))
     return out

@@ -1,106 +1,179 @@
-"""Refusing a SavedModel that would touch files, processes or the network, before it is loaded.
+"""Refusing a SavedModel that names an operation tff_decorr's own files never use, before loading.
 
-A SavedModel is a TensorFlow program: `tf.saved_model.load` runs its restore graph, and calling it
-runs its functions, whose operations may read and write any file the user can (ReadFile,
-WriteFile, PrintV2 to a file, dataset readers and writers, summary writers), call back into Python
-(PyFunc) or open connections (RPC, the tf.data service). The project's exports (and the
-checkpoints older releases wrote as SavedModels) never contain such operations, so a run directory copied from elsewhere whose SavedModel does was
-not written by tff_decorr, or was altered. `check(path)` reads `saved_model.pb` as a protocol
-buffer (nothing is executed) and lists every operation of every graph and function in it.
+A SavedModel is a TensorFlow program: `tf.saved_model.load` runs its restore graph and its
+resources' initialisers, and calling it runs its functions. Operations may read and write any file
+the user can, call back into Python or open connections, and no list of what is dangerous is
+complete: a lookup table initialised from a text file (InitializeTableFromTextFileV2) and exported
+(LookupTableExportV2) copies a private file into the model's outputs, with operations a deny list
+had no reason to name. So the scan is an allow list: `ALLOWED_OPS` holds the operations that
+tff_decorr's own SavedModels use, and any other operation refuses the file, one line naming it.
 
-This is a check of the operations a graph names, not a sandbox (docs/security.md): the checkpoint
-operations every SavedModel carries (SaveV2, RestoreV2, MergeV2Checkpoints) are allowed, and they
-read and write checkpoint-format files at the paths their inputs give.
+`ALLOWED_OPS` is data derived by exporting, not written by hand: `python -m
+tff_decorr.run.graph_check` exports every model of the registry (`tff_decorr.models.names()`) in
+every precision (`models.PRECISIONS`), plain and with the variants that change the graph
+(decomposed convolutions, MOON's projection head); the FedBN/personalised per-client exports are the
+same export of other weights. It also saves each model as a Keras object (what tests and users save
+with `tf.saved_model.save(model)` and bin/evaluate reads) and a checkpoint in TFF's SavedModel
+format (what tff_decorr wrote before checkpoint_files). It prints the union, which is the list
+below; `--check` fails when an export names an operation the list lacks (8 minutes on two busy
+cores; tests/graph_check_test.py checks every model in both precisions, faster). Regenerate it
+after a TensorFlow upgrade.
+
+The checkpoint operations (SaveV2, RestoreV2, MergeV2Checkpoints) read and write files; every
+SavedModel has them, in the functions its saver runs to save and restore variables. They are
+allowed there only: one in a function that loading or calling the model runs (an object's function,
+a signature, a resource's initialiser) is refused too. This is a check of the operations a graph
+names, not a sandbox (docs/security.md): the restore function reads checkpoint-format files at the
+path its inputs give.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-# Operations that reach outside the computation: files, Python, processes, the network.
-DENIED = {
-    # Files.
+# The operations of tff_decorr's SavedModels on TensorFlow 2.14 (derived as the module docstring
+# says; `python -m tff_decorr.run.graph_check` prints this list).
+ALLOWED_OPS = frozenset({
+    'AddV2', 'AssignSubVariableOp', 'AssignVariableOp', 'BiasAdd', 'Cast', 'Const', 'Conv2D',
+    'DepthwiseConv2dNative', 'DisableCopyOnRead', 'Einsum', 'FusedBatchNormV3', 'Identity',
+    'MatMul', 'MaxPool', 'Mean', 'MergeV2Checkpoints', 'Mul', 'NoOp', 'Pack', 'Pad',
+    'PartitionedCall', 'Placeholder', 'ReadVariableOp', 'Relu', 'Reshape', 'RestoreV2', 'Rsqrt',
+    'SaveV2', 'Select', 'ShardedFilename', 'SquaredDifference', 'Squeeze',
+    'StatefulPartitionedCall', 'StaticRegexFullMatch', 'StopGradient', 'StridedSlice', 'StringJoin',
+    'Sub', 'VarHandleOp',
+})
+
+# Allowed only in the functions the saver runs (the module docstring says why).
+CHECKPOINT_OPS = {'SaveV2': 'writes files', 'RestoreV2': 'reads files',
+                  'MergeV2Checkpoints': 'writes files'}
+
+# What some refused operations do, for the message; any operation not in ALLOWED_OPS is refused
+# whether or not it is described here.
+DESCRIBED = {
     'ReadFile': 'reads files', 'WriteFile': 'writes files', 'MatchingFiles': 'lists files',
     'ImmutableConst': 'maps a file into memory',
+    'InitializeTableFromTextFile': 'reads files', 'InitializeTableFromTextFileV2': 'reads files',
+    'LookupTableExport': 'exports a table', 'LookupTableExportV2': 'exports a table',
+    'WholeFileReader': 'reads files', 'WholeFileReaderV2': 'reads files',
+    'TextLineReader': 'reads files', 'TextLineReaderV2': 'reads files',
+    'FixedLengthRecordReader': 'reads files', 'FixedLengthRecordReaderV2': 'reads files',
+    'TFRecordReader': 'reads files', 'TFRecordReaderV2': 'reads files',
+    'LMDBReader': 'reads files', 'IdentityReader': 'reads files', 'IdentityReaderV2': 'reads files',
+    'ReaderRead': 'reads files', 'ReaderReadV2': 'reads files', 'ReaderReadUpTo': 'reads files',
+    'ReaderReadUpToV2': 'reads files', 'ReaderRestoreState': 'reads files',
+    'ReaderRestoreStateV2': 'reads files',
     'FixedLengthRecordDataset': 'reads files', 'FixedLengthRecordDatasetV2': 'reads files',
     'TFRecordDataset': 'reads files', 'TFRecordDatasetV2': 'reads files',
     'TextLineDataset': 'reads files', 'CSVDataset': 'reads files', 'CSVDatasetV2': 'reads files',
-    'ExperimentalCSVDataset': 'reads files', 'LMDBDataset': 'reads files',
-    'ExperimentalLMDBDataset': 'reads files', 'SqlDataset': 'opens a database',
-    'ExperimentalSqlDataset': 'opens a database', 'MatchingFilesDataset': 'lists files',
-    'ExperimentalMatchingFilesDataset': 'lists files', 'LoadDataset': 'reads files',
-    'SaveDataset': 'writes files', 'SaveDatasetV2': 'writes files',
-    'DatasetToTFRecord': 'writes files', 'ExperimentalDatasetToTFRecord': 'writes files',
+    'SqlDataset': 'opens a database', 'LoadDataset': 'reads files', 'SaveDataset': 'writes files',
+    'SaveDatasetV2': 'writes files', 'DatasetToTFRecord': 'writes files',
     'SnapshotDataset': 'writes files', 'SnapshotDatasetV2': 'writes files',
-    'SnapshotDatasetReader': 'reads files', 'DistributedSave': 'writes files',
     'CacheDataset': 'may write files', 'CacheDatasetV2': 'may write files',
-    'CreateSummaryFileWriter': 'writes files', 'CreateSummaryDbWriter': 'writes files',
-    'WriteSummary': 'writes files', 'WriteScalarSummary': 'writes files',
-    'WriteHistogramSummary': 'writes files', 'WriteImageSummary': 'writes files',
-    'WriteAudioSummary': 'writes files', 'WriteGraphSummary': 'writes files',
-    'WriteRawProtoSummary': 'writes files', 'ImportEvent': 'writes files',
-    'DebugIdentity': 'may write files', 'DebugIdentityV2': 'may write files',
-    'DebugIdentityV3': 'may write files', 'DebugNanCount': 'may write files',
-    'DebugNumericSummary': 'may write files', 'DebugNumericSummaryV2': 'may write files',
-    'Save': 'writes files', 'SaveSlices': 'writes files', 'Restore': 'reads files',
-    'RestoreSlice': 'reads files', 'FileSystemSetConfiguration': 'configures file systems',
-    # Python and processes.
+    'CreateSummaryFileWriter': 'writes files', 'WriteSummary': 'writes files',
+    'PrintV2': 'prints, possibly to a file', 'Save': 'writes files', 'SaveSlices': 'writes files',
+    'Restore': 'reads files', 'RestoreSlice': 'reads files',
     'PyFunc': 'runs Python', 'PyFuncStateless': 'runs Python', 'EagerPyFunc': 'runs Python',
-    # The network.
     'RpcClient': 'opens network connections', 'RpcCall': 'opens network connections',
-    'RpcServer': 'listens on the network', 'RpcServerStart': 'listens on the network',
-    'RpcServerRegister': 'listens on the network', 'Rpc': 'opens network connections',
-    'TryRpc': 'opens network connections', 'DataServiceDataset': 'opens network connections',
-    'DataServiceDatasetV2': 'opens network connections',
-    'DataServiceDatasetV3': 'opens network connections',
-    'DataServiceDatasetV4': 'opens network connections',
-    'RegisterDataset': 'opens network connections',
-    'RegisterDatasetV2': 'opens network connections',
+    'RpcServer': 'listens on the network', 'DataServiceDatasetV4': 'opens network connections',
+    **CHECKPOINT_OPS,
 }
 
 
 class UnsafeGraphError(ValueError):
-  """A SavedModel names an operation that reaches outside the computation."""
+  """A SavedModel names an operation tff_decorr's own SavedModels never use."""
 
 
-def _nodes(saved_model):
-  for meta_graph in saved_model.meta_graphs:
-    graph = meta_graph.graph_def
-    yield from graph.node
-    for function in graph.library.function:
-      yield from function.node_def
+def _called_functions(node) -> set:
+  """Names of the functions a node calls (its function-valued attributes: PartitionedCall's f,
+  While's cond and body, ...)."""
+  out = set()
+  for value in node.attr.values():
+    if value.func.name:
+      out.add(value.func.name)
+    out.update(f.name for f in value.list.func)
+  return out
 
 
-def _reason(node) -> str | None:
-  if node.op in DENIED:
-    return DENIED[node.op]
-  if node.op == 'PrintV2':  # Printing is harmless; printing to a file is writing one.
-    stream = node.attr['output_stream'].s.decode(errors='replace')
-    if stream not in ('', 'stderr', 'stdout', 'log(info)', 'log(warning)', 'log(error)'):
-      return f'writes to {stream}'
-  return None
+def _reachable(roots, functions) -> set:
+  seen, todo = set(), list(roots)
+  while todo:
+    name = todo.pop()
+    if name in seen or name not in functions:
+      continue
+    seen.add(name)
+    for node in functions[name].node_def:
+      todo.extend(_called_functions(node))
+  return seen
+
+
+def _meta_graph_refusals(meta_graph, found: dict) -> None:
+  graph = meta_graph.graph_def
+  functions = {f.signature.name: f for f in graph.library.function}
+  saver = meta_graph.saver_def
+  saver_nodes = {saver.save_tensor_name.split(':')[0], saver.restore_op_name.split(':')[0]} - {''}
+  # What loading and calling the model runs: the object graph's functions (methods, signatures,
+  # resource initialisers) and whatever the graph's own nodes call, except the saver's two nodes.
+  program_roots = set(meta_graph.object_graph_def.concrete_functions)
+  for node in graph.node:
+    if node.name not in saver_nodes:
+      program_roots |= _called_functions(node)
+  program = _reachable(program_roots, functions)
+  for node in graph.node:
+    if node.op not in ALLOWED_OPS or node.op in CHECKPOINT_OPS:
+      found.setdefault(node.op, DESCRIBED.get(node.op, 'not used by tff_decorr'))
+  for name, function in functions.items():
+    for node in function.node_def:
+      if node.op not in ALLOWED_OPS:
+        found.setdefault(node.op, DESCRIBED.get(node.op, 'not used by tff_decorr'))
+      elif node.op in CHECKPOINT_OPS and name in program:
+        found.setdefault(node.op, f'{CHECKPOINT_OPS[node.op]} outside the saver')
+
+
+def _read(path: str):
+  """The SavedModel proto of directory `path`, read as TensorFlow's loader reads it:
+  saved_model.pb, else saved_model.pbtxt (text)."""
+  from google.protobuf import text_format  # pylint: disable=g-import-not-at-top
+  from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=g-import-not-at-top
+  saved_model = saved_model_pb2.SavedModel()
+  binary = os.path.join(path, 'saved_model.pb')
+  if os.path.exists(binary):
+    with open(binary, 'rb') as f:
+      saved_model.ParseFromString(f.read())
+  else:
+    with open(os.path.join(path, 'saved_model.pbtxt'), 'rb') as f:
+      text_format.Parse(f.read().decode('utf-8'), saved_model)
+  return saved_model
+
+
+def operations(path: str) -> set:
+  """Every operation named in the SavedModel directory `path` (its graphs and functions)."""
+  out = set()
+  for meta_graph in _read(path).meta_graphs:
+    out.update(node.op for node in meta_graph.graph_def.node)
+    for function in meta_graph.graph_def.library.function:
+      out.update(node.op for node in function.node_def)
+  return out
 
 
 def unsafe_operations(path: str) -> list[tuple[str, str]]:
-  """(operation, what it does) for each denied operation in the SavedModel directory `path`
-  (sorted, one per kind). Reads saved_model.pb only; runs nothing."""
-  from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=g-import-not-at-top
-  saved_model = saved_model_pb2.SavedModel()
-  with open(os.path.join(path, 'saved_model.pb'), 'rb') as f:
-    saved_model.ParseFromString(f.read())
+  """(operation, why it is refused) for each refused operation in the SavedModel directory `path`
+  (sorted, one per kind): any not in ALLOWED_OPS, and a checkpoint operation outside the saver.
+  Reads saved_model.pb (or .pbtxt) only; runs nothing."""
   found = {}
-  for node in _nodes(saved_model):
-    reason = _reason(node)
-    if reason:
-      found.setdefault(node.op, reason)
+  for meta_graph in _read(path).meta_graphs:
+    _meta_graph_refusals(meta_graph, found)
   return sorted(found.items())
 
 
 def check(path: str, what: str) -> None:
   """Raises UnsafeGraphError (one line naming `what` and the operations) if the SavedModel at
-  `path` names an operation that reaches outside the computation. A SavedModel without
-  saved_model.pb (a text one, or a damaged one) is left to the loader's own errors."""
-  if not os.path.exists(os.path.join(path, 'saved_model.pb')):
+  `path` names an operation tff_decorr's SavedModels never use; a text SavedModel
+  (saved_model.pbtxt, which the loader reads when saved_model.pb is absent) is checked the same
+  way. A directory with neither, or one that cannot be parsed (which the loader cannot parse
+  either), is left to the loader's own errors."""
+  if not any(os.path.exists(os.path.join(path, name))
+             for name in ('saved_model.pb', 'saved_model.pbtxt')):
     return
   try:
     found = unsafe_operations(path)
@@ -109,6 +182,83 @@ def check(path: str, what: str) -> None:
   if found:
     ops = ', '.join(f'{op} ({reason})' for op, reason in found)
     raise UnsafeGraphError(
-        f'{what} contains operations that reach outside the model: {ops}. tff_decorr never '
-        'writes these, so it was made elsewhere or altered; it was not loaded '
-        '(docs/security.md).')
+        f'{what} contains operations tff_decorr never writes: {ops}. It was made elsewhere or '
+        'altered; it was not loaded (docs/security.md).')
+
+
+# ---- deriving ALLOWED_OPS ----
+
+# Input shapes as small as each model accepts: the operations do not depend on the size.
+_SMALL_INPUT = {'alexnet_bn': (63, 63, 3)}
+_SMALL_KWARGS = {'alexnet_bn': {'hidden_dim': 8}}
+VARIANTS = ({}, {'decomposed': True, 'projection_dim': 8})
+
+
+def export_operations(directory: str, model_name: str, precision_name: str, variant: dict,
+                      keras_object: bool = False) -> set:
+  """The operations of tff_decorr's export (run/export.py) of `model_name` built in
+  `precision_name` with `variant` (model kwargs), written under `directory`; with
+  `keras_object`, of the Keras model saved as an object instead."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tff_decorr import models  # pylint: disable=g-import-not-at-top
+  from tff_decorr.models import precision  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import export  # pylint: disable=g-import-not-at-top
+  kwargs = dict(num_classes=3, input_shape=_SMALL_INPUT.get(model_name, (8, 8, 3)),
+                **_SMALL_KWARGS.get(model_name, {}), **variant)
+  model_fn = lambda: precision.build(lambda: models.build(model_name, **kwargs), precision_name)
+  tag = [model_name, precision_name, *sorted(variant)] + (['keras'] if keras_object else [])
+  path = os.path.join(directory, '-'.join(tag))
+  model = model_fn()
+  if keras_object:
+    tf.saved_model.save(model, path)
+  else:
+    export.export_saved_model(model_fn, [v.numpy() for v in model.weights], path, {})
+  return operations(path)
+
+
+def old_checkpoint_operations(directory: str) -> set:
+  """The operations of a checkpoint in TFF's SavedModel format (tff_decorr before
+  checkpoint_files), with the structure the training program saves."""
+  import asyncio  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  state = {'round': 1, 'server_state': {'weights': [np.zeros((3, 3), np.float32)],
+                                        'aggregator': b'\x00state'},
+           'best_accuracy': np.float64(0.5), 'best_round': 1, 'last_accuracy': np.float64(0.5)}
+  manager = tff.program.FileProgramStateManager(os.path.join(directory, 'old'), prefix='round_')
+  asyncio.run(manager.save(state, 1))
+  return operations(os.path.join(directory, 'old', 'round_1'))
+
+
+def derive_allowed_ops(directory: str, log=print) -> set:
+  """Every operation of tff_decorr's SavedModels, as the module docstring says."""
+  from tff_decorr import models  # pylint: disable=g-import-not-at-top
+  out = old_checkpoint_operations(directory)
+  for name in models.names():
+    for precision_name in models.PRECISIONS:
+      for variant in VARIANTS:
+        for keras_object in (False, True):
+          ops = export_operations(directory, name, precision_name, variant, keras_object)
+          log(f'{name} {precision_name} {variant or "plain"}'
+              f'{" (Keras object)" if keras_object else ""}: {len(ops)} operations')
+          out |= ops
+  return out
+
+
+def main(argv) -> int:
+  import tempfile  # pylint: disable=g-import-not-at-top
+  from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top,unused-import
+  with tempfile.TemporaryDirectory() as directory:
+    derived = derive_allowed_ops(directory, log=lambda s: print(s, file=sys.stderr))
+  if '--check' in argv:
+    missing = sorted(derived - ALLOWED_OPS)
+    extra = sorted(ALLOWED_OPS - derived)
+    print(f'missing from ALLOWED_OPS: {missing or "none"}; listed but not derived: '
+          f'{extra or "none"}')
+    return 1 if missing else 0
+  print(sorted(derived))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1:]))

@@ -1,4 +1,4 @@
-"""Where a run's wall time goes, by phase (issue 31): start-up, data, building the computations, the
+"""Where a run's wall time goes, by phase: start-up, data, building the computations, the
 first round (tracing), the steady rounds, evaluation, checkpoints, export, ...
 
 Users wait for whole runs, and a study multiplies every fixed cost by its number of runs, so the

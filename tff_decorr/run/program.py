@@ -19,7 +19,7 @@ written, so every checkpoint still names exactly its own round's client states. 
 fails or is interrupted, the evaluated round is committed first: a failure still leaves the last
 trained round checkpointed. The first evaluation of an invocation traces the evaluator in that
 thread too, beside the next round (a first run's largest fixed cost otherwise, docs/benchmarks.md
-§11f); only the last round's, with no round after it, runs in the loop's own thread.
+§3); only the last round's, with no round after it, runs in the loop's own thread.
 """
 
 from __future__ import annotations

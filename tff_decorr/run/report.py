@@ -8,7 +8,11 @@ seeds) of the final and best test accuracy of its *finished* runs only. A run th
 averaged in.
 
 Spectra use the collapse measures of tff_decorr/collapse/analysis.py on each finished run's exported
-SavedModel over its task's test split, as bin/analyze computes them.
+SavedModel over its task's test split, as bin/analyze computes them, at every round the run exported
+(`--export_every`) or tracked (`--track_collapse`), and the local-vs-global gap of the clients whose
+local models it saved (tff_decorr/run/run_spectra.py). `archive` writes a study's compact copy
+(manifest, and per finished run its config, summary, metrics and spectra.json: a few KB, no
+SavedModel) that `build` reads back as it reads the study itself.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from tff_decorr.collapse import plots
+from tff_decorr.run import run_dir as run_dir_lib
+from tff_decorr.run import run_spectra
 from tff_decorr.run import study
 
 SEED = 'seed'
@@ -47,6 +53,9 @@ class Run:
   config: Optional[dict] = None
   spectrum: Optional[np.ndarray] = None
   spectrum_summary: Optional[dict] = None
+  # run_spectra's measures: {'global': {round: singular values}, 'local': [{'client', 'round',
+  # 'sv', 'gap'}]}.
+  measures: Optional[dict] = None
 
   @property
   def done(self) -> bool:
@@ -109,8 +118,29 @@ def _mean_std(values: Sequence[float]) -> Tuple[float, float]:
   return float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else math.nan
 
 
-def group(runs: Sequence[Run], axes: Sequence[str]) -> List[Row]:
-  """Runs folded over seeds, in the manifest's order; statistics of the finished runs only."""
+def rounds_to_reach(paths: Sequence[str], threshold: float) -> Tuple[float, float, int, int]:
+  """(mean, std, runs that reached it, runs) of the first round whose test accuracy is at least
+  `threshold` (a fraction), over the runs whose metrics.csv are in `paths`; a run that never
+  reached it is counted in the last number only."""
+  firsts = []
+  for path in paths:
+    x, y = read_curve(path)
+    hit = np.flatnonzero(y >= threshold)
+    if hit.size:
+      firsts.append(float(x[hit[0]]))
+  mean, std = _mean_std(firsts)
+  return mean, std, len(firsts), len(paths)
+
+
+def analysis_effective_rank(sv) -> float:
+  from tff_decorr.collapse import analysis  # pylint: disable=g-import-not-at-top
+  return analysis.effective_rank(sv)
+
+
+def group(runs: Sequence[Run], axes: Sequence[str],
+          thresholds: Sequence[float] = ()) -> List[Row]:
+  """Runs folded over seeds, in the manifest's order; statistics of the finished runs only.
+  `thresholds`: test accuracies (fractions) whose first round is averaged (`rounds_to_reach`)."""
   keyed: Dict[tuple, Row] = {}
   columns = [a for a in axes if a != SEED]
   for run in runs:
@@ -129,6 +159,19 @@ def group(runs: Sequence[Run], axes: Sequence[str]) -> List[Row]:
     s['effective_rank_mean'], s['effective_rank_std'] = _mean_std(ranks)
     s['n_spectra'] = len(ranks)
     s['not_done'] = [r.describe() for r in row.runs if not r.done]
+    s['rounds_to'] = {t: rounds_to_reach([r.path for r in done], t) for t in thresholds}
+    by_round: Dict[int, List[float]] = {}
+    gaps: Dict[Tuple[str, int], List[Tuple[float, float]]] = {}
+    for r in done:
+      for rnd, sv in ((r.measures or {}).get('global') or {}).items():
+        by_round.setdefault(rnd, []).append(analysis_effective_rank(sv))
+      for item in (r.measures or {}).get('local') or []:
+        gaps.setdefault((item['client'], item['round']), []).append(
+            (item['gap'], analysis_effective_rank(item['sv'])))
+    s['effective_rank_by_round'] = {rnd: (*_mean_std(v), len(v))
+                                    for rnd, v in sorted(by_round.items())}
+    s['local_gap'] = {k: (*_mean_std([g for g, _ in v]), *_mean_std([e for _, e in v]), len(v))
+                      for k, v in sorted(gaps.items())}
   if 'regularizer' in columns:
     baselines = [row for row in rows if row.value('regularizer') == BASELINE]
     for row in rows:
@@ -258,37 +301,56 @@ def curves(rows: Sequence[Row], axes: Sequence[str]) -> Dict[str, List[dict]]:
 def add_spectra(runs: Sequence[Run], data_dir: Optional[str] = None,
                 max_examples: Optional[int] = None, batch_size: int = 256,
                 log: Callable[[str], None] = print) -> List[str]:
-  """The representation spectrum of each finished run's exported model over its task's test split
-  (analysis.representation_covariance -> singular_values -> spectrum_summary, as bin/analyze).
-  Returns notes on runs whose spectrum could not be computed (the rest of the report stands)."""
-  # TensorFlow only when there is something to load: the table and curves need none.
-  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from tff_decorr.collapse import analysis  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import export  # pylint: disable=g-import-not-at-top
+  """Each finished run's collapse measures (run_spectra): its spectra.json where it has one (an
+  archived study), else computed from its exports over its task's test split (as bin/analyze).
+  `run.spectrum` is the last round's. Returns notes on runs whose spectra could not be computed
+  (the rest of the report stands)."""
   notes = []
   datasets: Dict[tuple, Any] = {}
   for run in runs:
-    model_dir = os.path.join(run.path, 'export', 'saved_model')
-    if not run.done or not os.path.isdir(model_dir):
+    if not run.done:
       continue
-    config = run.config or (run.summary or {}).get('config') or {}
-    try:
-      task = task_registry.get(config.get('task', 'digits'))
-      where = (task.name, data_dir or config.get('data_dir') or None)
-      if where not in datasets:
-        datasets[where] = task.test_dataset(where[1], batch_size)
-      fn, meta = export.load_serving(model_dir, flag=run.name)
-      export.check_compatible(fn, meta, task.num_classes, task.input_shape, task.name, run.name)
-      sv = analysis.singular_values(
-          analysis.representation_covariance(fn, datasets[where], max_examples))
-    except (ValueError, KeyError, OSError) as e:  # A missing dataset, a damaged export.
-      notes.append(f'{run.name}: no spectrum ({e})')
+    measures = run_spectra.read(run.path)
+    if measures is None:
+      try:
+        measures = _compute_measures(run, datasets, data_dir, max_examples, batch_size)
+      except (ValueError, KeyError, OSError) as e:  # A missing dataset, a damaged export.
+        notes.append(f'{run.name}: no spectrum ({e})')
+        continue
+    if not measures['global']:
       continue
-    run.spectrum = sv
-    run.spectrum_summary = analysis.spectrum_summary(sv)
+    run.measures = measures
+    run.spectrum = measures['global'][max(measures['global'])]
+    from tff_decorr.collapse import analysis  # pylint: disable=g-import-not-at-top
+    run.spectrum_summary = analysis.spectrum_summary(run.spectrum)
     log(f'spectrum of {run.name}: effective rank {run.spectrum_summary["effective_rank"]:.2f} '
-        f'of {sv.size}')
+        f'of {run.spectrum.size} (rounds {", ".join(map(str, sorted(measures["global"])))})')
   return notes
+
+
+def _compute_measures(run: Run, datasets: Dict[tuple, Any], data_dir: Optional[str],
+                      max_examples: Optional[int], batch_size: int) -> dict:
+  """run_spectra.compute for `run`, its task's test split loaded once per (task, data dir)."""
+  # TensorFlow only when there is something to load: the table and curves need none.
+  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import export  # pylint: disable=g-import-not-at-top
+  config = run.config or (run.summary or {}).get('config') or {}
+  task = task_registry.get(config.get('task', 'digits'))
+  where = (task.name, data_dir or config.get('data_dir') or None)
+
+  def dataset():
+    if where not in datasets:
+      datasets[where] = task.test_dataset(where[1], batch_size)
+    return datasets[where]
+
+  def load(model_dir):
+    fn, meta = export.load_serving(model_dir, flag=run.name)
+    export.check_compatible(fn, meta, task.num_classes, task.input_shape, task.name, run.name)
+    return fn
+
+  final_round = int((run.summary or {}).get('final_round', run.rounds))
+  measures = run_spectra.compute(run.path, final_round, dataset, load, max_examples)
+  return run_spectra.read_measures(measures)
 
 
 def mean_spectrum(row: Row) -> Optional[np.ndarray]:
@@ -359,6 +421,83 @@ def table(rows: Sequence[Row], axes: Sequence[str], spectra: bool) -> Tuple[List
     cells += ['; '.join(s['not_done']) or '']
     body.append(cells)
   return header, body
+
+
+def progress_table(rows: Sequence[Row], axes: Sequence[str],
+                   thresholds: Sequence[float]) -> Tuple[List[str], List[list]]:
+  """(header, cells): per configuration, the first round at which the test accuracy reached each
+  threshold, mean ± std over the finished runs that reached it, and how many did."""
+  columns = [a for a in axes if a != SEED]
+  header = [*columns, *(f'rounds to {100 * t:g} %' for t in thresholds)]
+  body = []
+  for row in rows:
+    cells = [row.value(a) or '—' for a in columns]
+    for t in thresholds:
+      mean, std, reached, n = row.stats['rounds_to'][t]
+      cells.append(f'{_num(mean, std) if reached else "not reached"} ({reached}/{n} runs)')
+    body.append(cells)
+  return header, body
+
+
+def collapse_table(rows: Sequence[Row], axes: Sequence[str]) -> Tuple[List[str], List[list]]:
+  """(header, cells): per configuration, the global model's effective rank at each round that has
+  spectra, and each saved local model's gap R to the global model of its round (analysis.
+  local_global_gap: < 0 when the local model is the more collapsed) with its effective rank."""
+  columns = [a for a in axes if a != SEED]
+  rounds = sorted({r for row in rows for r in row.stats['effective_rank_by_round']})
+  locals_ = sorted({k for row in rows for k in row.stats['local_gap']},
+                   key=lambda k: (k[1], k[0]))
+  header = [*columns, *(f'effective rank, round {r}' for r in rounds)]
+  for client, rnd in locals_:
+    header += [f'gap R local-global (client {client}, round {rnd})',
+               f'local effective rank (client {client}, round {rnd})']
+  body = []
+  for row in rows:
+    st = row.stats
+    cells = [row.value(a) or '—' for a in columns]
+    for r in rounds:
+      mean, std, _ = st['effective_rank_by_round'].get(r, (math.nan, math.nan, 0))
+      cells.append(_num(mean, std))
+    for k in locals_:
+      g_mean, g_std, e_mean, e_std, _ = st['local_gap'].get(k, (math.nan,) * 4 + (0,))
+      cells += [_num(g_mean, g_std), _num(e_mean, e_std)]
+    body.append(cells)
+  return header, body
+
+
+def spectra_by_round_panels(rows: Sequence[Row], axes: Sequence[str]) -> Dict[str, List[dict]]:
+  """plots.spectra_figure panels, one per round with spectra (and per panel of `curves` when the
+  study has more than one): each configuration's mean normalised spectrum at that round, and the
+  saved local models' of that round dashed."""
+  style = styles(rows, axes)
+  line_axes, panel_axes = _curve_axes(axes)
+  rounds = sorted({r for row in rows for run in row.runs if run.done and run.measures
+                   for r in run.measures['global']})
+  panels: Dict[str, List[dict]] = {}
+  for rnd in rounds:
+    for row in rows:
+      s = style[line_key(row, line_axes)]
+      title = ' '.join(filter(None, [f'round {rnd}', panel_title(row, panel_axes)]))
+      svs = [run.measures['global'][rnd] for run in row.runs
+             if run.done and run.measures and rnd in run.measures['global']]
+      sv = _mean_normalised(svs)
+      if sv is not None:
+        panels.setdefault(title, []).append({'label': s.label, 'color': s.color, 'sv': sv})
+      local = [item['sv'] for run in row.runs if run.done and run.measures
+               for item in run.measures['local'] if item['round'] == rnd]
+      sv = _mean_normalised(local)
+      if sv is not None:
+        panels.setdefault(title, []).append({'label': f'{s.label}, a local model',
+                                             'color': s.color, 'sv': sv, 'linestyle': '--'})
+  return panels
+
+
+def _mean_normalised(svs: Sequence[np.ndarray]) -> Optional[np.ndarray]:
+  svs = [np.sort(np.asarray(v))[::-1] for v in svs]
+  svs = [v / v[0] for v in svs if v.size and v[0] > 0]
+  if not svs or len({v.size for v in svs}) != 1:
+    return None
+  return np.mean(np.stack(svs), 0)
 
 
 def write_csv(path: str, rows: Sequence[Row], axes: Sequence[str]) -> str:
@@ -457,15 +596,24 @@ def _md_escape(text: str) -> str:
   return str(text).replace('|', '\\|')
 
 
+Table = Tuple[str, Sequence[str], Sequence[list]]  # (title, header, rows of cells)
+
+
+def _md_table(header: Sequence[str], body: Sequence[list]) -> List[str]:
+  lines = ['| ' + ' | '.join(map(_md_escape, header)) + ' |',
+           '|' + '|'.join('---' for _ in header) + '|']
+  return lines + ['| ' + ' | '.join(map(_md_escape, cells)) + ' |' for cells in body]
+
+
 def markdown(title: str, header: Sequence[str], body: Sequence[list], notes: Sequence[str],
-             images: Mapping[str, str]) -> str:
-  lines = [f'# {title}', '']
-  lines.append('| ' + ' | '.join(map(_md_escape, header)) + ' |')
-  lines.append('|' + '|'.join('---' for _ in header) + '|')
-  lines += ['| ' + ' | '.join(map(_md_escape, cells)) + ' |' for cells in body]
-  lines.append('')
+             images: Mapping[str, str], tables: Sequence[Table] = ()) -> str:
+  """The page as Markdown: the main table first (bin/report prints it up to its notes), then the
+  notes, the other `tables` and the images."""
+  lines = [f'# {title}', '', *_md_table(header, body), '']
   lines += [f'- {n}' for n in notes]
   lines.append('')
+  for name, extra_header, extra_body in tables:
+    lines += [f'## {name}', '', *_md_table(extra_header, extra_body), '']
   lines += [f'![{name}]({os.path.basename(path)})' for name, path in images.items()]
   return '\n'.join(lines) + '\n'
 
@@ -475,8 +623,18 @@ def _data_uri(path: str) -> str:
     return 'data:image/png;base64,' + base64.b64encode(f.read()).decode('ascii')
 
 
+def _html_table(header: Sequence[str], body: Sequence[list]) -> str:
+  e = html.escape
+  out = '<table>\n<tr>' + ''.join(f'<th>{e(h)}</th>' for h in header) + '</tr>\n'
+  for cells in body:
+    out += '<tr>' + ''.join(
+        f'<td class="num">{e(c)}</td>' if any(ch.isdigit() for ch in c[:2]) or c[:1] in '+-—'
+        else f'<td>{e(c)}</td>' for c in map(str, cells)) + '</tr>\n'
+  return out + '</table>\n'
+
+
 def html_page(title: str, header: Sequence[str], body: Sequence[list], notes: Sequence[str],
-              images: Mapping[str, str]) -> str:
+              images: Mapping[str, str], tables: Sequence[Table] = ()) -> str:
   """One self-contained page: inline style, images as data: URIs, nothing fetched."""
   e = html.escape
   out = io.StringIO()
@@ -488,13 +646,10 @@ def html_page(title: str, header: Sequence[str], body: Sequence[list], notes: Se
             'th{background:#eee}td.num{text-align:right;white-space:nowrap}'
             'img{max-width:100%;border:1px solid #ddd;margin:1em 0}'
             '</style></head><body>\n')
-  out.write(f'<h1>{e(title)}</h1>\n<table>\n<tr>' +
-            ''.join(f'<th>{e(h)}</th>' for h in header) + '</tr>\n')
-  for cells in body:
-    out.write('<tr>' + ''.join(
-        f'<td class="num">{e(c)}</td>' if any(ch.isdigit() for ch in c[:2]) or c[:1] in '+-—'
-        else f'<td>{e(c)}</td>' for c in map(str, cells)) + '</tr>\n')
-  out.write('</table>\n<ul>\n' + ''.join(f'<li>{e(n)}</li>\n' for n in notes) + '</ul>\n')
+  out.write(f'<h1>{e(title)}</h1>\n' + _html_table(header, body))
+  out.write('<ul>\n' + ''.join(f'<li>{e(n)}</li>\n' for n in notes) + '</ul>\n')
+  for name, extra_header, extra_body in tables:
+    out.write(f'<h2>{e(name)}</h2>\n' + _html_table(extra_header, extra_body))
   for name, path in images.items():
     out.write(f'<h2>{e(name)}</h2>\n<img alt="{e(name)}" src="{_data_uri(path)}">\n')
   out.write('</body></html>\n')
@@ -503,9 +658,11 @@ def html_page(title: str, header: Sequence[str], body: Sequence[list], notes: Se
 
 def build(study_dir: str, output_dir: str, spectra: bool = True, data_dir: Optional[str] = None,
           max_examples: Optional[int] = None, batch_size: int = 256,
-          log: Callable[[str], None] = print, latex_table: bool = False) -> Dict[str, str]:
+          log: Callable[[str], None] = print, latex_table: bool = False,
+          thresholds: Sequence[float] = ()) -> Dict[str, str]:
   """Writes the report of the study in `study_dir` to `output_dir`; returns {kind: path}.
-  `latex_table`: also table.tex (`latex`)."""
+  `latex_table`: also table.tex (`latex`). `thresholds`: test accuracies (fractions) whose first
+  round each configuration reached, as a table (`progress_table`)."""
   manifest = study.read_manifest(study_dir)
   runs = load_runs(study_dir, manifest)
   if not runs:
@@ -516,7 +673,7 @@ def build(study_dir: str, output_dir: str, spectra: bool = True, data_dir: Optio
   if spectra:
     notes += add_spectra(runs, data_dir, max_examples, batch_size, log)
   have_spectra = any(r.spectrum is not None for r in runs)
-  rows = group(runs, axes)
+  rows = group(runs, axes, thresholds)
   os.makedirs(output_dir, exist_ok=True)
   written = {'csv': write_csv(os.path.join(output_dir, 'table.csv'), rows, axes)}
   images = {}
@@ -533,6 +690,19 @@ def build(study_dir: str, output_dir: str, spectra: bool = True, data_dir: Optio
     images['Representation spectrum (mean over seeds, relative to its largest value)'] = (
         plots.plot_spectra_panels(spectrum_panels, path, top=top, formats=plots.FORMATS))
     written.update({f'spectra_{f}': p for f, p in plots.figure_paths(path).items()})
+  by_round = spectra_by_round_panels(rows, axes)
+  if len(by_round) > len(spectrum_panels):  # More than the last round's: spectra over rounds.
+    path = os.path.join(output_dir, 'spectra_by_round.png')
+    top = max(item['sv'].size for items in by_round.values() for item in items)
+    images['Representation spectrum by round (mean over seeds, relative to its largest value; '
+           'dashed: a client\'s local model of that round)'] = plots.plot_spectra_panels(
+               by_round, path, top=top, formats=plots.FORMATS)
+    written.update({f'spectra_by_round_{f}': p for f, p in plots.figure_paths(path).items()})
+  tables: List[Table] = []
+  if thresholds:
+    tables.append(('Rounds to reach a test accuracy', *progress_table(rows, axes, thresholds)))
+  if any(r.measures for r in runs):
+    tables.append(('Collapse by round', *collapse_table(rows, axes)))
   counts = {s: sum(r.status == s for r in runs) for s in ('done', 'incomplete', 'not started',
                                                          'failed')}
   done_text = ', '.join(f'{n} {s}' for s, n in counts.items() if n)
@@ -549,7 +719,7 @@ def build(study_dir: str, output_dir: str, spectra: bool = True, data_dir: Optio
                     if have_spectra else []) + list(manifest.get('notes', [])) + notes
   header, body = table(rows, axes, have_spectra)
   title = f'Study {os.path.basename(os.path.normpath(study_dir))}'
-  md = markdown(title, header, body, notes, images)
+  md = markdown(title, header, body, notes, images, tables)
   written['markdown'] = os.path.join(output_dir, 'table.md')
   with open(written['markdown'], 'w') as f:
     f.write(md)
@@ -559,5 +729,61 @@ def build(study_dir: str, output_dir: str, spectra: bool = True, data_dir: Optio
       f.write(latex(rows, axes, have_spectra))
   written['html'] = os.path.join(output_dir, 'report.html')
   with open(written['html'], 'w') as f:
-    f.write(html_page(title, header, body, notes, images))
+    f.write(html_page(title, header, body, notes, images, tables))
   return written
+
+
+# ---- archive ----
+
+ARCHIVED_FILES = ('config.json', 'summary.json', 'metrics.csv')
+
+
+def archive(study_dir: str, archive_dir: str, data_dir: Optional[str] = None,
+            max_examples: Optional[int] = None, batch_size: int = 256,
+            log: Callable[[str], None] = print) -> List[str]:
+  """Copies the study's finished runs into `archive_dir` as a study `build` reads: study.json (its
+  cells, merged with those the archive already holds, so runs archived from other machines stay)
+  and per run config.json, summary.json, metrics.csv and spectra.json (run_spectra; computed from
+  the exports unless the run has one). Nothing else (no SavedModel, checkpoint or log): a few KB a
+  run, to commit. Returns the names of the runs archived now."""
+  manifest = study.read_manifest(study_dir)
+  runs = {r.name: r for r in load_runs(study_dir, manifest)}
+  os.makedirs(archive_dir, exist_ok=True)
+  old = study.read_json(os.path.join(archive_dir, study.MANIFEST)) or {}
+  cells = {c['name']: c for c in old.get('cells', [])}
+  archived, datasets = [], {}
+  for cell in manifest['cells']:
+    run = runs[cell['name']]
+    if not run.done:
+      continue
+    dest = os.path.join(archive_dir, study.RUNS, run.name)
+    os.makedirs(dest, exist_ok=True)
+    # Archived before from the same finished run (the same summary): its measures are reused.
+    same = study.read_json(os.path.join(dest, 'summary.json')) == run.summary
+    measures = run_spectra.read(run.path) or (run_spectra.read(dest) if same else None)
+    for name in ARCHIVED_FILES:
+      with open(os.path.join(run.path, name), 'rb') as f:
+        data = f.read()
+      run_dir_lib.atomic_write(os.path.join(dest, name), lambda out, d=data: out.write(d), 'wb')
+    if measures is None:
+      measures = _compute_measures(run, datasets, data_dir, max_examples, batch_size)
+    run_spectra.write(dest, {'version': run_spectra.VERSION,
+                             'global': {str(r): v.tolist() for r, v in measures['global'].items()},
+                             'local': [dict(i, sv=i['sv'].tolist()) for i in measures['local']]})
+    # Paths relative to the archive; the command and log of the machine that ran it are dropped.
+    cells[run.name] = {**{k: v for k, v in cell.items() if k not in ('command', 'log', 'pid')},
+                       'run_dir': os.path.join(study.RUNS, run.name),
+                       'log': os.path.join(study.LOGS, f'{run.name}.log'), 'status': 'done'}
+    archived.append(run.name)
+    log(f'archived {run.name} -> {dest}')
+  # The axes are the flags whose values differ between the archive's cells (one study's grid may
+  # have held a single seed; together they hold several).
+  names = list(dict.fromkeys([*(old.get('axes') or []), *(manifest.get('axes') or []),
+                              *(f for c in cells.values() for f in c['flags'])]))
+  grid = {n: list(dict.fromkeys(c['flags'].get(n, '') for c in cells.values())) for n in names}
+  axes = [n for n in names if len(grid[n]) > 1]
+  run_dir_lib.write_json_atomic(os.path.join(archive_dir, study.MANIFEST), {
+      'version': study.MANIFEST_VERSION, 'updated': time.strftime('%Y-%m-%dT%H:%M:%S%z'),
+      'command': [], 'grid': grid, 'axes': axes, 'notes': manifest.get('notes', []),
+      'cells': list(cells.values())})
+  return archived

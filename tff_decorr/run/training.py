@@ -8,6 +8,7 @@ checkpoints, evaluation (each client's own model for personalised algorithms), e
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -72,23 +73,46 @@ def _has_checkpoint(output_dir: str, overwrite: bool, log) -> bool:
   return False
 
 
-def _record_dp_releases(exp: experiment.Experiment, runtime, log):
-  """Under --aggregator=dp: says what epsilon assumes and omits, says whether this client data has
-  been released before, and records every round of this run in the data's privacy ledger."""
+def _checkpoint_round(output_dir: str) -> int:
+  """The round a resumed run continues after (its newest checkpoint's; read in full before)."""
+  versions = asyncio.run(program.checkpoint_manager(output_dir).get_versions()) or []
+  return int(max(versions)) if versions else 0
+
+
+def _record_dp_releases(exp: experiment.Experiment, runtime, log, save_local_models=(),
+                        resumed_round: int = 0):
+  """Under --aggregator=dp: says which clipping runs, what epsilon assumes and omits (the
+  un-noised per-client outputs of this run included), says whether this data has been released
+  before and whether its ledger lost releases, and records every round of this run in the data's
+  privacy ledger."""
   c = exp.config
+  clipping = exp.aggregator.clipping()
+  if clipping['dp_clipping'] == 'adaptive':
+    log('Privacy: adaptive clipping (TFF estimates the clip each round).')
+  else:
+    log(f'Privacy: fixed L2 clip {clipping["dp_clip"]:g}'
+        + (f' ({clipping["dp_clipping_note"]}).' if 'dp_clipping_note' in clipping else '.'))
   log('Privacy: --aggregator=dp\'s epsilon assumes ' + '; '.join(aggregation.DP_ASSUMES) + '.')
-  log('Privacy: it does not cover ' + '; '.join(aggregation.DP_NOT_COVERED) + '.')
-  ledger = privacy_ledger.Ledger(exp.shard_dir)
+  log('Privacy: it does not cover ' + '; '.join(exp.dp_not_covered(save_local_models)) + '.')
+  ledger = exp.ledger
   entries, unreadable = ledger.entries()
+  log(f'Privacy: the ledger of this data is {ledger.path}.')
   if entries or unreadable:
-    log(f'Privacy: {len(entries)} DP rounds were released on this client data before this start '
+    log(f'Privacy: {len(entries)} DP rounds were released on this data before this start '
         f'(ledger {ledger.path}); summary.json\'s dp_epsilon_all_releases counts them with this '
         'run\'s.' + (f' {unreadable} unreadable ledger lines are not counted.' if unreadable
                       else ''))
+  missing, why = privacy_ledger.missing_releases(ledger, c.output_dir, resumed_round)
+  if missing:
+    log(f'Privacy: warning: the ledger {ledger.path} lacks at least {missing} DP releases made on '
+        f'this data ({why}): it was deleted or cut, and dp_epsilon_all_releases does not count '
+        'them.')
+  known = len(entries) + unreadable + missing
+  privacy_ledger.record_run(ledger, c.output_dir, known)
   hp = c.component_hparams('aggregator')
   return ledger, privacy_ledger.RecordingRuntime(
       runtime, ledger, run=c.output_dir, noise_multiplier=hp.noise_multiplier,
-      clients_per_round=c.clients_per_round, num_clients=c.num_clients)
+      clients_per_round=c.clients_per_round, num_clients=c.num_clients, known=known)
 
 
 def train(config: config_lib.Config, *, overwrite: bool = False,
@@ -149,7 +173,9 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
     log(f'Note: --aggregator={config.aggregator} is {aggregation.note(config.aggregator)}.')
   ledger = None
   if isinstance(exp.aggregator, aggregation.AccountedDpFactory):
-    ledger, runtime = _record_dp_releases(exp, runtime, log)
+    ledger, runtime = _record_dp_releases(
+        exp, runtime, log, save_local_models,
+        resumed_round=_checkpoint_round(config.output_dir) if resumed else 0)
   evaluator = exp.evaluator()
   test_ds = exp.test_dataset()
   initial_weights = exp.algorithm.initial_weights()
@@ -193,9 +219,11 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
                         config=config.to_dict(), log=log, timer=timer)
   if summary is None:  # More rounds done than --rounds: nothing trained, nothing (re)written.
     return None
-  summary.update(exp.privacy(summary['final_round'], ledger))
+  summary.update(exp.privacy(summary['final_round'], ledger, save_local_models))
   if 'dp_note' in summary:
     log(f'Privacy: {summary["dp_note"]}.')
+  if 'dp_ledger_note' in summary:
+    log(f'Privacy: warning: {summary["dp_ledger_note"]}.')
   summary.update({'config': config.to_dict(), 'versions': _versions(),
                   'wall_time_s': time.time() - t0})
   summary_path = os.path.join(config.output_dir, 'summary.json')
