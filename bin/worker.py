@@ -41,7 +41,7 @@ from absl import flags
 # The worker_binary inherits this process's environment: oneDNN on unless the user set it.
 from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top  (before TF)
 if __name__ == '__main__':
-  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (issue 31)
+  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('socket', None,
