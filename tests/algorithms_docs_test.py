@@ -252,7 +252,8 @@ class AlgorithmsDocDefaultsTest(absltest.TestCase):
         unread.append(f'{DOC}:{_line(self.text, m.start())}: '
                       f'{self.text[start:self.text.find(chr(10), m.start())]}')
     self.assertEmpty(unread, 'a default this test does not read; state it in one of the forms '
-                     'of _CLAIMS, or list the phrase in _NOT_CLAIMS with why:\n' + '\n'.join(unread))
+                     'of _CLAIMS, or list the phrase in _NOT_CLAIMS with why:\n'
+                     + '\n'.join(unread))
     for p in _NOT_CLAIMS:
       self.assertRegex(self.text, p, 'a listed phrase no longer on the page: remove it')
 
