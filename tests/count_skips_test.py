@@ -91,21 +91,29 @@ class CountSkipsTest(absltest.TestCase):
     self.assertIn('//tests:s_test S.test_a', out)
     self.assertNotIn('Gone', out)
 
+  def test_tensorflow_test_session_is_not_a_test(self):
+    self.write('tests/t_test/test.xml', _xml('T', [('test_session', True), ('test_x', False)]))
+    code, out = self.run_main()
+    self.assertEqual(code, 0)
+    self.assertIn('skipped tests: 0', out)
+
   def test_nothing_ran(self):
     self.assertEqual(self.run_main()[0], 2)
 
   def test_on_what_absltest_writes(self):
     # A test file run as Bazel runs it (XML_OUTPUT_FILE), with the project's GPU skip: this
-    # machine has no GPU, so it skips, and is allowed; the plain skip is not.
+    # machine has no GPU, so it skips, and is allowed; the plain skip is not; tf.test.TestCase's
+    # test_session (skipped by TensorFlow) is no test.
     work = self.create_tempdir().full_path
     with open(os.path.join(work, 'demo_test.py'), 'w') as f:
       f.write(textwrap.dedent('''\
           import sys
           sys.path.insert(0, sys.argv.pop(1))
           from absl.testing import absltest
+          import tensorflow as tf
           from tests import testutil
 
-          class Demo(absltest.TestCase):
+          class Demo(tf.test.TestCase):  # Its test_session is skipped by TensorFlow: no test.
             def test_runs(self):
               pass
             def test_needs_gpu(self):

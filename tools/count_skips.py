@@ -27,8 +27,13 @@ import re
 import sys
 import xml.etree.ElementTree as ET
 
-# What tests/testutil.skip_without_gpu prints before skipping (kept in one place: this module).
+# What tests/testutil.skip_without_gpu prints before skipping (tests/count_skips_test.py checks
+# that the two spell it the same).
 ALLOWED_SKIP_MARK = 'count_skips: allowed skip:'
+# Not tests: tf.test.TestCase's `test_session` (a deprecated context manager that unittest
+# collects by its name and TensorFlow skips: "Tests that have the name "test_session" are
+# automatically skipped"), one in every tf.test.TestCase class.
+NOT_TESTS = frozenset({'test_session'})
 _SUMMARY = re.compile(r'^(//[^ :]*:[^ ]+)\s+(?:\(cached\) )?(?:PASSED|FAILED|TIMEOUT|FLAKY|'
                       r'NO STATUS|INCOMPLETE)', re.MULTILINE)
 
@@ -47,9 +52,11 @@ def _target_of(xml_path, testlogs):
 
 
 def skipped_tests(xml_text):
-  """['Class.test', ...] that a JUnit XML from absltest marks as not run."""
+  """['Class.test', ...] that a JUnit XML from absltest marks as not run (NOT_TESTS left out)."""
   out = []
   for case in ET.fromstring(xml_text).iter('testcase'):
+    if case.get('name') in NOT_TESTS:
+      continue
     if case.get('status') == 'notrun' or case.find('skipped') is not None:
       out.append(f'{case.get("classname", "").rsplit(".", 1)[-1]}.{case.get("name")}')
   return out
