@@ -400,7 +400,8 @@ class PartialParticipationTest(_Base):
   (the dataset holds two: the project divides by local_epochs, the reference counts its dataset's
   targets), and a client's example weight is its dataset size, over the sampled clients only."""
 
-  @parameterized.named_parameters(('fedlc', 'fedlc', 'fedlogitcal_partial', dict(tau=0.1)))
+  @parameterized.named_parameters(('fedlc', 'fedlc', 'fedlogitcal_partial', dict(tau=0.1)),
+                                  ('fedrs', 'fedrs', 'fedrs_partial', dict(alpha=0.5)))
   def test_three_rounds(self, name, fixture, hp):
     fx = _load(fixture)
     participation = json.loads(str(fx['participation']))
