@@ -401,7 +401,8 @@ class PartialParticipationTest(_Base):
   targets), and a client's example weight is its dataset size, over the sampled clients only."""
 
   @parameterized.named_parameters(('fedlc', 'fedlc', 'fedlogitcal_partial', dict(tau=0.1)),
-                                  ('fedrs', 'fedrs', 'fedrs_partial', dict(alpha=0.5)))
+                                  ('fedrs', 'fedrs', 'fedrs_partial', dict(alpha=0.5)),
+                                  ('fedsam', 'fedsam', 'fedsam_partial', dict(rho=0.05)))
   def test_three_rounds(self, name, fixture, hp):
     fx = _load(fixture)
     participation = json.loads(str(fx['participation']))
