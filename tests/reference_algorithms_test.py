@@ -13,7 +13,8 @@ outside, and what is pinned is the paper's formula:
 - FedProx: the reference's proximal term is always zero (its `global_weight_collector` holds the
   parameters being trained, so it compares the weights with themselves). The fixture repairs only
   that list (detached copies of the broadcast weights); its own loop then adds the paper's
-  (mu/2) ||w - w_global||^2. The unrepaired reference is checked to be exactly FedAvg.
+  (mu/2) ||w - w_global||^2. The unrepaired reference is FedAvg (docs/reference.md §5); the
+  project's round is checked to be far from it.
 - MOON: the reference never divides the similarities by the temperature. The fixture makes the
   reference's cosine similarity return sim / T, i.e. the paper's exp(sim / T) logits; the
   project's contrastive loss is also compared with that formula written here in NumPy on the
@@ -168,34 +169,20 @@ class ReferenceTest(parameterized.TestCase):
         continue
       self.assertLess(testutil.relative_difference(testutil.fingerprint(key, v), ref), TOL, f'{entry}: {key}')
 
-  def test_fedprox_reference_defect_makes_it_fedavg(self):
-    """The unrepaired reference (mu = 1) gives FedAvg's round (resnet20.npz), bit for bit."""
-    asis, fedavg = _Fixture.load('fedprox_asis'), _Fixture.load('resnet20', DATA)
-    for key, fp in zip(_keys(asis), asis['global1']):
-      np.testing.assert_array_equal(fp, fedavg[f'f64/fedavg/global/{key}'], err_msg=key)
+  def distance(self, got, fx, entry):
+    """The largest relative difference of the project's trainable weights `got` from the
+    fixture's fingerprints `fx[entry]`."""
+    return max(testutil.relative_difference(testutil.fingerprint(key, got[_project_key(key)]), fp)
+               for key, fp in zip(_keys(fx), fx[entry]) if 'running' not in key)
 
   def test_fedprox_round_equals_reference_with_proximal_term_repaired(self):
     fixed, asis = _Fixture.load('fedprox_fixed'), _Fixture.load('fedprox_asis')
     run = _Run('fedprox', fixed, _feddecorr(), mu=1.0)
     run.round()
     self.assert_state(run.torch_state(), fixed, 'global1')
-    # The term acts: the repaired and the unrepaired reference differ far beyond the tolerance.
-    moved = max(testutil.relative_difference(f, a) for key, f, a in zip(_keys(fixed), fixed['global1'],
-                                                     asis['global1']) if 'running' not in key)
-    self.assertGreater(moved, 1e3 * TOL)
-
-  def test_moon_reference_similarities_are_cosines_and_temperature_acts_in_round_2(self):
-    fx, asis = _Fixture.load('moon_t0.5'), _Fixture.load('moon_asis')
-    # Round 1 (previous model = global model): the contrastive gradient is 0 at any temperature.
-    # Round 2: the temperature the reference ignores moves the weights far beyond the tolerance.
-    moved = lambda r: max(testutil.relative_difference(f, a) for key, f, a in zip(
-        _keys(fx), fx[f'global{r}'], asis[f'global{r}']) if 'running' not in key)
-    self.assertLess(moved(1), 1e-12)
-    self.assertGreater(moved(2), 1e3 * TOL)
-    z, zg, zp = (fx[f'round2/client0/{k}'] for k in ('z', 'z_global', 'z_prev'))
-    cos = lambda a, b: (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
-    np.testing.assert_allclose(fx['round2/client0/sims'][:len(z)],
-                               np.stack([cos(z, zg), cos(z, zp)], -1), rtol=1e-12)
+    # The term acts: the project's round is far from the unrepaired reference's, which is FedAvg's
+    # (docs/reference.md §5): FedAvg in FedProx's place fails here.
+    self.assertGreater(self.distance(run.torch_state(), asis, 'global1'), 1e3 * TOL)
 
   @parameterized.named_parameters(('paper_temperature', 'moon_t0.5', 0.5),
                                   ('reference_as_is', 'moon_asis', 1.0))
@@ -209,6 +196,14 @@ class ReferenceTest(parameterized.TestCase):
     for r in (1, 2):
       metrics = run.round()
       self.assert_state(run.torch_state(), fx, f'global{r}')
+      if temperature != 1.0:  # The temperature acts, in round 2 only (round 1's previous model
+        # is the global one: z_prev = z_global, the contrastive gradient is 0 at any T): the
+        # project's round against the reference's at T = 1.
+        moved = self.distance(run.torch_state(), _Fixture.load('moon_asis'), f'global{r}')
+        if r == 1:
+          self.assertLess(moved, TOL)
+        else:
+          self.assertGreater(moved, 1e3 * TOL)
       # The paper's loss on the reference's similarities, in NumPy: for each example
       # -log(e^{s_g/T} / (e^{s_g/T} + e^{s_p/T})), averaged over the batch, times mu = 1.
       expected = 0.0
@@ -218,8 +213,9 @@ class ReferenceTest(parameterized.TestCase):
           l_con = np.logaddexp(step[:, 0], step[:, 1]) - step[:, 0]
           expected += l_con.mean() * len(step)  # extra_sum: batch values times the batch size
       self.assertAlmostEqual(float(metrics['extra_sum']), expected, delta=1e-5 * expected)
-      if r == 1:
-        self.assertAlmostEqual(expected, sum(CLIENT_SIZES) * np.log(2), delta=1e-9)
+      if r == 1:  # z_prev = z_global: each example's term is log 2.
+        self.assertAlmostEqual(float(metrics['extra_sum']), sum(CLIENT_SIZES) * np.log(2),
+                               delta=1e-6 * sum(CLIENT_SIZES))  # metrics are float32
       # The running variances the reference's eval-mode forwards use (module docstring).
       run.server = dict(run.server, weights=run.with_running_var(
           run.server['weights'], _stats(fx, f'global{r}/stats')))

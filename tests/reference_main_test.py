@@ -1,22 +1,22 @@
 """bench/reference_main.py's argument mapping: the argv it builds for each algorithm means, to the
 reference's own argument parsers, the fidelity setting and the values the project side is given.
 
-The parsers are the reference's own code: `get_args` of its main.py and each approach's
-`extra_parser`, read from a checkout (FEDDECORR_DIR, default /tmp/FedDecorr; skipped without one)
-and run with argparse alone, so neither torch nor the rest of the reference is imported.
+The parsers are the reference's `get_args` of its main.py and each approach's `extra_parser`, as
+data: tests/testdata/reference/parsers.json, made once from a checkout of the reference (commit
+973e4af) by bench/reference_parser_specs.py (its docstring says how and what it records). The
+test rebuilds each parser with argparse from that file, so it runs without the checkout.
 """
 
 import argparse
-import ast
+import json
 import os
-import sys
-from unittest import mock
 
 from absl.testing import absltest
 
 from bench import reference_main
 
-REFERENCE_DIR = os.environ.get('FEDDECORR_DIR', reference_main.DEFAULT_REFERENCE_DIR)
+SPECS = os.path.join(os.path.dirname(os.path.realpath(__file__)), 'testdata', 'reference',
+                     'parsers.json')
 
 # The project's setting (config_lib.make keyword) -> the reference approach's argument holding the
 # same number.
@@ -25,48 +25,61 @@ SAME_VALUE = {'fedprox_mu': 'mu', 'fedavgm_server_momentum': 'server_momentum',
               'fedadam_beta2': 'server_momentum_second', 'fedadam_tau': 'tau',
               'fedexp_eps': 'eps', 'fedlc_tau': 'calibration_temp',
               'fedrs_alpha': 'restricted_strength', 'fedsam_rho': 'rho'}
+_TYPES = {None: None, 'int': int, 'float': float, 'str': str}
 
 
-def _reference_function(path, name):
-  """The function `name` defined in the reference's file `path` (decorators dropped), compiled
-  alone with argparse in its namespace."""
-  with open(path) as f:
-    tree = ast.parse(f.read())
-  node = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
-  node.decorator_list = []
-  namespace = {'argparse': argparse, 'ArgumentParser': argparse.ArgumentParser}
-  exec(compile(ast.Module(body=[node], type_ignores=[]), path, 'exec'), namespace)  # pylint: disable=exec-used
-  return namespace[name]
+class _Refused(Exception):
+  """The reference's parser would exit on this argv."""
 
 
-@absltest.skipUnless(os.path.exists(os.path.join(REFERENCE_DIR, 'main.py')),
-                     f'no FedDecorr checkout at {REFERENCE_DIR} (set FEDDECORR_DIR)')
+class _Parser(argparse.ArgumentParser):
+
+  def error(self, message):
+    raise _Refused(message)
+
+
+def build_parser(spec):
+  """An argparse parser with the recorded arguments of one of the reference's parsers."""
+  parser = _Parser(add_help=False)
+  for a in spec['arguments']:
+    kwargs = {'dest': a['dest'], 'action': a['action'], 'default': a['default'],
+              'required': a['required']}
+    if a['action'] == 'store':
+      kwargs.update(type=_TYPES[a['type']], choices=a['choices'])
+    parser.add_argument(*a['option_strings'], **kwargs)
+  return parser
+
+
+def parse(specs, argv):
+  """(main.py's args, the approach's args) as the reference parses `argv`: main.py hands the
+  options it does not know to its approach's parser, which refuses any it does not know."""
+  assert specs['main']['unknown_options'] == 'returned', specs['main']['unknown_options']
+  args, rest = build_parser(specs['main']).parse_known_args(argv)
+  approach = specs['approaches'][args.approach]
+  assert approach['unknown_options'] == 'error', approach['unknown_options']
+  return args, build_parser(approach).parse_args(rest)
+
+
 class ReferenceParsersTest(absltest.TestCase):
 
-  def _parse(self, argv):
-    """(main.py's args, the approach's args) as the reference parses `argv`."""
-    get_args = _reference_function(os.path.join(REFERENCE_DIR, 'main.py'), 'get_args')
-    with mock.patch.object(sys, 'argv', ['main.py', *argv]):
-      args, rest = get_args()
-    extra_parser = _reference_function(
-        os.path.join(REFERENCE_DIR, 'approach', f'{args.approach}.py'), 'extra_parser')
-    with mock.patch.object(sys, 'argv', ['main.py']):
-      return args, extra_parser(rest)
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    with open(SPECS) as f:
+      cls.specs = json.load(f)
 
   def test_every_algorithm_is_the_fidelity_setting_with_the_projects_values(self):
-    with open(os.path.join(REFERENCE_DIR, 'main.py')) as f:
-      main_source = f.read()
     for name, m in reference_main.ALGORITHMS.items():
       for reg in ('none', 'feddecorr') if m.feddecorr else ('none',):
         with self.subTest(algorithm=name, regularizer=reg):
-          args, appr = self._parse(reference_main.reference_argv(name, 3, reg, 0.5, 7))
+          args, appr = parse(self.specs, reference_main.reference_argv(name, 3, reg, 0.5, 7))
           self.assertEqual(
               (args.model, args.dataset, args.partition, args.alpha, args.n_parties,
                args.sample_fraction, args.n_comm_round, args.epochs, args.lr, args.rho,
                args.weight_decay, args.batch_size, args.init_seed, args.approach),
               ('resnet20', 'cifar10', 'noniid', 0.5, 10, 1.0, 7, 1, 0.01, 0.9, 1e-5, 64, 3,
                m.approach))
-          self.assertIn(f"args.approach == '{m.approach}'", main_source)
+          self.assertIn(m.approach, self.specs['main_approaches'])
           for setting, value in m.project.items():
             if setting in SAME_VALUE:
               self.assertEqual(getattr(appr, SAME_VALUE[setting]), value, setting)
@@ -78,20 +91,19 @@ class ReferenceParsersTest(absltest.TestCase):
 
   def test_feddecorr_exactly_where_the_reference_has_it(self):
     for name, m in reference_main.ALGORITHMS.items():
-      extra_parser = _reference_function(
-          os.path.join(REFERENCE_DIR, 'approach', f'{m.approach}.py'), 'extra_parser')
+      approach = build_parser(self.specs['approaches'][m.approach])
       with self.subTest(algorithm=name):
         if m.feddecorr:
-          self.assertTrue(extra_parser(['--feddecorr']).feddecorr)
+          self.assertTrue(approach.parse_args(['--feddecorr']).feddecorr)
         else:
-          with self.assertRaises(SystemExit), mock.patch.object(sys, 'stderr'):
-            extra_parser(['--feddecorr'])
+          with self.assertRaises(_Refused):
+            approach.parse_args(['--feddecorr'])
           with self.assertRaisesRegex(ValueError, 'no FedDecorr'):
             reference_main.reference_argv(name, 0, 'feddecorr')
 
-  def test_the_default_partition_branch_is_dirichlet(self):
-    with open(os.path.join(REFERENCE_DIR, 'dataset_utils.py')) as f:
-      self.assertIn('partition == "noniid-labeldir" or partition == "noniid"', f.read())
+  def test_the_fidelity_partition_is_the_dirichlet_branch(self):
+    partition = dict(reference_main.FIDELITY)['--partition']
+    self.assertIn(partition, self.specs['dirichlet_partitions'])
 
 
 class FidelityArgsTest(absltest.TestCase):

@@ -19,6 +19,24 @@ def shared_tfds_dir() -> str | None:
   return path if os.path.isdir(os.path.join(path, 'cifar10')) else None
 
 
+# The line tools/count_skips.py allows a skip by (tests/count_skips_test.py: the same string).
+ALLOWED_SKIP_MARK = 'count_skips: allowed skip:'
+
+
+def skip_without_gpu(test, what: str) -> None:
+  """Skips `test` when TensorFlow sees no GPU: the one skip reason no machine of the project can
+  meet (they have none). It prints ALLOWED_SKIP_MARK first, for `make test`'s skip count
+  (tools/count_skips.py), which fails on any other skip. `what`: what the test needs a GPU for."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if tf.config.list_physical_devices('GPU'):
+    return
+  reason = f'needs a GPU ({what}); TensorFlow sees none'
+  name = test._testMethodName  # pylint: disable=protected-access
+  print(f'{ALLOWED_SKIP_MARK} {type(test).__name__}.{name}: {reason}', file=sys.stderr,
+        flush=True)
+  test.skipTest(reason)
+
+
 def run_module(module: str, *args: str, timeout: float = 600, env=None):
   """Runs `python -m module args...` from the repository root, as a user would."""
   python = PYTHON if os.path.exists(PYTHON) else sys.executable
