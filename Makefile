@@ -62,13 +62,16 @@ venv:
 train: setup
 	bazel run //bin:train -- $(ARGS)
 
-# Bazel's own summary is not a line CI tools read, so the last line restates it as
-# "N passed, N failed" (counted from Bazel's per-target result lines).
+# Bazel's own summary is not a line CI tools read, so the line after it restates it as
+# "N passed, N failed" (counted from Bazel's per-target result lines); then tools/count_skips.py
+# prints the number of skipped tests and fails the target unless it is 0 (a test may skip only
+# for what no machine here has, a GPU: testutil.skip_without_gpu).
 test: setup test-system-packages
 	@set -o pipefail; bazel test //... $(BAZEL_TEST_ARGS) 2>&1 | tee .bazel-test.log; rc=$$?; \
 	passed=$$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' .bazel-test.log); \
 	failed=$$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE)' .bazel-test.log); \
-	echo "bazel test: $$passed passed, $$failed failed"; exit $$rc
+	echo "bazel test: $$passed passed, $$failed failed"; \
+	$(PY) -m tools.count_skips --bazel_log=.bazel-test.log bazel-testlogs || rc=1; exit $$rc
 
 clean:
 	bazel clean
