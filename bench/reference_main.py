@@ -211,9 +211,19 @@ def _cpu_seconds() -> float:
                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
+def _write_json(path: str, obj: dict) -> None:
+  with open(path + '.tmp', 'w') as f:
+    json.dump(obj, f, indent=2)
+  os.replace(path + '.tmp', path)
+
+
 def run_reference(reference_dir: str, data: str, out: str, main_argv: Sequence[str],
-                  evals: str = 'test') -> dict:
-  """Runs main.py with `main_argv` (the module docstring's changes applied); writes `out`."""
+                  evals: str = 'test', progress: str | None = None) -> dict:
+  """Runs main.py with `main_argv` (the module docstring's changes applied); writes `out`.
+
+  With `progress`, the rounds measured so far are also written there after every global test
+  evaluation, so a run cut short (a session's end) still leaves its curve.
+  """
   import runpy
   import shutil
   import tempfile
@@ -275,6 +285,9 @@ def run_reference(reference_dir: str, data: str, out: str, main_argv: Sequence[s
         rounds.append({})
       rounds[-1].update(test_accuracy=acc, test_loss=loss, test_eval_s=time.time() - t,
                         s_since_main=time.time() - main_start[0])
+      if progress:
+        _write_json(progress, {'main_argv': list(main_argv), 'rounds': rounds, 'finished': False,
+                               'torch_threads': torch.get_num_threads()})
     return acc, loss
 
   ref_utils.compute_accuracy = compute_accuracy
@@ -315,9 +328,7 @@ def run_reference(reference_dir: str, data: str, out: str, main_argv: Sequence[s
       'load_avg_start': load_start, 'load_avg_end': os.getloadavg(),
   }
   os.makedirs(os.path.dirname(out_abs), exist_ok=True)
-  with open(out_abs + '.tmp', 'w') as f:
-    json.dump(result, f, indent=2)
-  os.replace(out_abs + '.tmp', out_abs)
+  _write_json(out_abs, result)
   return result
 
 
@@ -332,6 +343,7 @@ def main() -> None:
                       help='checkout of bytedance/FedDecorr')
   parser.add_argument('--data', help='the .npz written by --export')
   parser.add_argument('--out', help='the JSON to write')
+  parser.add_argument('--progress', help='also write the rounds so far here, every round')
   parser.add_argument('--evals', default='test', choices=('test', 'global', 'no_pre', 'all'),
                       help='which compute_accuracy calls run (module docstring, change ii)')
   parser.add_argument('--algorithm', choices=sorted(ALGORITHMS),
@@ -352,7 +364,7 @@ def main() -> None:
   if main_argv is None:
     main_argv = reference_argv(args.algorithm, args.seed, args.regularizer, args.alpha,
                                args.rounds)
-  r = run_reference(args.reference_dir, args.data, args.out, main_argv, args.evals)
+  r = run_reference(args.reference_dir, args.data, args.out, main_argv, args.evals, args.progress)
   print(f'final test accuracy {r["final_test_accuracy"]}, wall {r["wall_s"]:.1f} s '
         f'(main {r["wall_s_main"]:.1f} s), cpu {r["cpu_s"]:.1f} s; wrote {args.out}', flush=True)
 

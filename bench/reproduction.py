@@ -62,6 +62,8 @@ _TORCH_PYTHON = flags.DEFINE_string('torch_python', '/tmp/torchenv/bin/python',
                                     'Python of the PyTorch environment (bench/reference_main.py).')
 _REFERENCE_DIR = flags.DEFINE_string('reference_dir', '/tmp/FedDecorr',
                                      'Checkout of the reference (bench/reference_main.py).')
+_REFERENCE_PARALLEL = flags.DEFINE_integer('reference_parallel', 2,
+                                           'Reference runs at once, the cores split between them.')
 
 
 def variant() -> str:
@@ -112,6 +114,26 @@ def _snapshot() -> None:
       for f in ('metrics.csv', 'config.json'):
         shutil.copyfile(os.path.join(runs, name, f), os.path.join(dest, f))
       print(f'in progress: {name} -> {dest}', flush=True)
+  _snapshot_reference()
+
+
+def _snapshot_reference() -> None:
+  """A reference run still training leaves its rounds so far in reference/in_progress/."""
+  ref_dir = os.path.join(archive_dir(), 'reference')
+  work = os.path.join(_WORK_DIR.value, variant(), 'reference')
+  for name in sorted(os.listdir(work)) if os.path.isdir(work) else []:
+    if not name.endswith('.progress.json'):
+      continue
+    final = name.replace('.progress.json', '.json')
+    dest = os.path.join(ref_dir, 'in_progress', final)
+    if os.path.exists(os.path.join(ref_dir, final)):
+      if os.path.exists(dest):
+        os.remove(dest)
+      continue
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    shutil.copyfile(os.path.join(work, name), dest + '.tmp')
+    os.replace(dest + '.tmp', dest)
+    print(f'in progress: reference {final} -> {dest}', flush=True)
 
 
 def _project(seeds) -> None:
@@ -156,6 +178,7 @@ def _reference(seeds) -> None:
   if _MODEL.value != 'resnet20':
     raise SystemExit('the reference side runs ResNet20 only here (its MobileNetV2 is another '
                      'main.py --model); give --sides=project.')
+  jobs = []
   for seed in seeds:
     for method in METHODS:
       dest = os.path.join(out_dir, f'fedavg-{method}-s{seed}.json')
@@ -164,12 +187,28 @@ def _reference(seeds) -> None:
         continue
       argv = reference_main.reference_argv('fedavg', int(seed), method, float(_ALPHA.value),
                                            settings.REPRODUCTION['rounds'], _LOCAL_EPOCHS.value)
+      jobs.append((seed, method, dest, argv))
+  # Runs `--reference_parallel` at a time, the cores split between them (torch's intra-op threads):
+  # both methods of a seed advance together, so a run cut short leaves two curves of one length.
+  parallel = max(1, _REFERENCE_PARALLEL.value)
+  threads = max(1, (os.cpu_count() or 1) // parallel)
+  while jobs:
+    batch, jobs = jobs[:parallel], jobs[parallel:]
+    procs = []
+    for seed, method, dest, argv in batch:
       tmp = os.path.join(work, os.path.basename(dest))
-      t0 = time.time()
-      rc = _run(['nice', '-n', '0', _TORCH_PYTHON.value,
-                 os.path.join(_ROOT, 'bench', 'reference_main.py'),
-                 f'--reference_dir={_REFERENCE_DIR.value}', f'--data={data}', f'--out={tmp}',
-                 '--', *argv], log_path=tmp + '.stdout')
+      cmd = [_TORCH_PYTHON.value, os.path.join(_ROOT, 'bench', 'reference_main.py'),
+             f'--reference_dir={_REFERENCE_DIR.value}', f'--data={data}', f'--out={tmp}',
+             f'--progress={_progress_path(seed, method)}', '--', *argv]
+      print('$ ' + ' '.join(cmd), flush=True)
+      log = open(tmp + '.stdout', 'a')  # pylint: disable=consider-using-with
+      env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+      procs.append((seed, method, dest, tmp, log, time.time(),
+                    subprocess.Popen(cmd, cwd=_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                     env=env)))
+    for seed, method, dest, tmp, log, t0, proc in procs:
+      rc = proc.wait()
+      log.close()
       if rc or not os.path.exists(tmp):
         raise SystemExit(f'the reference\'s run failed (exit {rc}); see {tmp}.stdout')
       shutil.copyfile(tmp, dest + '.tmp')
@@ -178,18 +217,28 @@ def _reference(seeds) -> None:
             flush=True)
 
 
+def _progress_path(seed, method) -> str:
+  return os.path.join(_WORK_DIR.value, variant(), 'reference', f'fedavg-{method}-s{seed}.progress.json')
+
+
 def _reference_curves():
-  """{method: [(seed, rounds, accuracies)]} of the archived reference runs."""
+  """{method: [(seed, rounds, accuracies, finished)]} of the archived reference runs, those still
+  training (reference/in_progress/) included when no finished run of theirs is archived."""
   out = {}
   ref_dir = os.path.join(archive_dir(), 'reference')
   for method in METHODS:
-    for name in sorted(os.listdir(ref_dir)) if os.path.isdir(ref_dir) else []:
-      if name.startswith(f'fedavg-{method}-s') and name.endswith('.json'):
-        with open(os.path.join(ref_dir, name)) as f:
+    prefix = f'fedavg-{method}-s'
+    for folder, finished in ((ref_dir, True), (os.path.join(ref_dir, 'in_progress'), False)):
+      for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if not (name.startswith(prefix) and name.endswith('.json')):
+          continue
+        seed = name[len(prefix):-5]
+        if not finished and any(s == seed for s, *_ in out.get(method, [])):
+          continue
+        with open(os.path.join(folder, name)) as f:
           r = json.load(f)
         acc = [x['test_accuracy'] for x in r['rounds'] if 'test_accuracy' in x]
-        out.setdefault(method, []).append((name[len(f'fedavg-{method}-s'):-5],
-                                           list(range(1, len(acc) + 1)), acc))
+        out.setdefault(method, []).append((seed, list(range(1, len(acc) + 1)), acc, finished))
   return out
 
 
@@ -227,8 +276,9 @@ def _figures() -> None:
                            f'(training: {len(x)}/{config["rounds"]} rounds)', 'color': f'C{k}',
                   'x': x, 'y': y, 'incomplete': True})
   for k, method in enumerate(METHODS):
-    for seed, x, y in _reference_curves().get(method, []):
-      panel.append({'label': f'{LABELS[method]}, reference seed {seed}', 'color': f'C{k}',
+    for seed, x, y, finished in _reference_curves().get(method, []):
+      status = '' if finished else f' (training: {len(x)}/{settings.REPRODUCTION["rounds"]} rounds)'
+      panel.append({'label': f'{LABELS[method]}, reference seed {seed}{status}', 'color': f'C{k}',
                     'x': x, 'y': y, 'linestyle': '--'})
   path = os.path.join(docs, 'curves.png')
   plots.plot_curves({f'CIFAR-10, ResNet20, alpha {_ALPHA.value}, E={_LOCAL_EPOCHS.value}': panel},
