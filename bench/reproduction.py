@@ -30,6 +30,8 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 from absl import app
 from absl import flags
 
@@ -242,6 +244,41 @@ def _reference_curves():
   return out
 
 
+def _late_rounds_table(runs, path: str) -> None:
+  """Means over the last third of the rounds, and over its odd and even rounds apart.
+
+  At this setting FedAvg's curve swings by 4-6 points with a period of two rounds
+  (docs/reproduction.md), so the last round's accuracy depends on which phase it falls in; a
+  mean over whole periods does not.
+  """
+  from tff_decorr.run import report  # pylint: disable=g-import-not-at-top
+  total = settings.REPRODUCTION['rounds']
+  first = total - total // 3 + 1
+  lines = [f'| run | seed | rounds | final | best | mean, rounds {first}-{total} | '
+           f'odd rounds {first}-{total} | even rounds {first}-{total} |', '|---' * 8 + '|']
+  rows = []
+  for r in runs:
+    x, y = report.read_curve(r.path)
+    rows.append((f'{LABELS[r.flags.get("regularizer")]}, project', r.flags.get('seed', '?'), x, y))
+  for method in METHODS:
+    for seed, x, y, finished in _reference_curves().get(method, []):
+      rows.append((f'{LABELS[method]}, reference' + ('' if finished else ' (training)'), seed,
+                   np.asarray(x), np.asarray(y)))
+  for name, seed, x, y in rows:
+    late = {int(a): float(b) for a, b in zip(x, y) if a >= first}
+    def mean(keep):
+      v = [b for a, b in late.items() if keep(a)]
+      return f'{100 * statistics.mean(v):.2f}' if v else '—'
+    lines.append(f'| {name} | {seed} | {len(x)} | {100 * y[-1]:.2f} | {100 * max(y):.2f} | '
+                 f'{mean(lambda a: True)} | {mean(lambda a: a % 2)} | '
+                 f'{mean(lambda a: not a % 2)} |' if len(y) else f'| {name} | {seed} | 0 |')
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'w') as f:
+    f.write('\n'.join(lines) + '\n\nTest accuracy (%) of the global model; written by '
+            '`python -m bench.reproduction --figures` from the committed archive.\n')
+  print(f'wrote {path}')
+
+
 def _figures() -> None:
   from tff_decorr.collapse import plots  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import report  # pylint: disable=g-import-not-at-top
@@ -263,9 +300,10 @@ def _figures() -> None:
       ys = [[float(v) for v in y[:len(common)]] for _, y in curves]
       mean = [statistics.mean(col) for col in zip(*ys)]
       std = [statistics.stdev(col) for col in zip(*ys)] if len(ys) > 1 else None
-      panel.append({'label': f'{LABELS[method]}, project (mean of {len(ys)} seed'
-                             f'{"s" if len(ys) > 1 else ""})', 'color': f'C{k}', 'x': common,
-                    'y': mean, 'std': std})
+      seeds = [r.flags.get('seed', '?') for r in runs if r.flags.get('regularizer') == method]
+      which = f'mean ± std of seeds {", ".join(seeds)}' if len(ys) > 1 else f'seed {seeds[0]}'
+      panel.append({'label': f'{LABELS[method]}, project ({which})', 'color': f'C{k}',
+                    'x': common, 'y': mean, 'std': std})
   in_progress = os.path.join(archive_dir(), 'in_progress')
   for name in sorted(os.listdir(in_progress)) if os.path.isdir(in_progress) else []:
     with open(os.path.join(in_progress, name, 'config.json')) as f:
@@ -280,6 +318,7 @@ def _figures() -> None:
       status = '' if finished else f' (training: {len(x)}/{settings.REPRODUCTION["rounds"]} rounds)'
       panel.append({'label': f'{LABELS[method]}, reference seed {seed}{status}', 'color': f'C{k}',
                     'x': x, 'y': y, 'linestyle': '--'})
+  _late_rounds_table(runs, os.path.join(docs, 'late_rounds.md'))
   path = os.path.join(docs, 'curves.png')
   plots.plot_curves({f'CIFAR-10, ResNet20, alpha {_ALPHA.value}, E={_LOCAL_EPOCHS.value}': panel},
                     path, formats=('png',))
