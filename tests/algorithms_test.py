@@ -1,5 +1,6 @@
 """Each algorithm's defining property, run in the in-process TF runtime on a tiny BN model."""
 
+import asyncio
 import csv
 import os
 import shutil
@@ -304,8 +305,9 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     x = [w.astype(np.float64) for w in self.x0]
     m, v = [np.zeros_like(w) for w in x], [np.zeros_like(w) for w in x]
     for r in range(3):
-      state = run(alg, state, ['0', '2', '3'])[0]
+      state, _, metrics = run(alg, state, ['0', '2', '3'])
       avg, _, _ = self.numpy_average([w.astype(np.float32) for w in x], ['0', '2', '3'])
+      x_before = [w.copy() for w in x]
       for i, trainable in enumerate(alg.spec.trainable):
         if not trainable and bn == 'average':
           x[i] = avg[i].astype(np.float64)
@@ -323,6 +325,14 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
       x[var] = np.maximum(x[var], 0.0)
       assert_lists_close(self, state['weights'], x, atol=2e-5, rtol=1e-4)
       assert_lists_close(self, state['m'], m, atol=1e-6, rtol=1e-4)
+      # The round's server metrics (metrics.csv's server/ columns): the step NumPy's optimiser
+      # applied, |x_new - x|, and its pseudo-gradient |avg - x|, over the whole model state.
+      norm = lambda arrays: np.sqrt(sum(np.sum(np.square(a, dtype=np.float64)) for a in arrays))
+      self.assertAllClose(metrics['server/update_norm'],
+                          norm([a - b for a, b in zip(x, x_before)]), rtol=1e-4)
+      self.assertAllClose(metrics['server/pseudo_gradient_norm'],
+                          norm([a - b for a, b in zip(avg, x_before)]), rtol=1e-4)
+      self.assertNotIn('server/eta_g', metrics)
       assert_lists_close(self, state['v'], v, atol=1e-8, rtol=1e-3)
 
   @parameterized.product(bn=['reference', 'average'], step_counters=[True, False])
@@ -343,7 +353,7 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertGreater(layers if step_counters else 1, 0)
     etas = []
     for r in range(3):
-      state = run(alg, state, clients)[0]
+      state, _, metrics = run(alg, state, clients)
       avg, ys, p = self.numpy_average([w.astype(np.float32) for w in x], clients)
       used = [t or bn == 'reference' for t in alg.spec.trainable]  # in the norms, extrapolated
       deltas = [[y[i] - x[i] for i in range(len(x))] for y in ys]
