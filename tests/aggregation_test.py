@@ -86,6 +86,22 @@ class RuntimeAggregatorTest(tf.test.TestCase):
         self.assertEqual(metrics[-1]['bytes_up_float32'], plain[-1]['bytes_up'])
         self.assertEqual(metrics[-1]['bytes_up'], plain[-1]['bytes_up'] + 3 * 4)
 
+  def test_server_metrics_under_a_factory_equal_the_plain_sums(self):
+    # The server step's scalars (server/...) come from the aggregate the factory returns, turned
+    # back into the summed contribution: under the weighted mean they are the plain sum's.
+    for name in ('fedadam', 'fedexp'):
+      with self.subTest(name):
+        alg = algorithms.build(name, MODEL, CFG, regularizers.get('feddecorr'))
+        _, _, metrics = _run(
+            tff_runtime.TffRuntime(alg, FN, aggregator=tff.aggregators.MeanFactory()), alg)
+        _, _, plain = _run(tf_runtime.TfRuntime(alg, FN), alg)
+        keys = sorted(k for k in plain[-1] if k.startswith('server/'))
+        self.assertIn('server/update_norm', keys)
+        for got, want in zip(metrics, plain):
+          self.assertEqual(sorted(k for k in got if k.startswith('server/')), keys)
+          for k in keys:
+            self.assertAllClose(got[k], want[k], rtol=1e-4, msg=k)
+
   def test_scaffold_control_variate_stays_the_clients_mean_under_clipping(self):
     # Clipping must not reach SCAFFOLD's control variates. A clip of 1e-3 bounds every model delta
     # hard; the control-variate deltas are summed exactly (Scaffold.exact_keys), so the server's c

@@ -1,5 +1,6 @@
 """Each algorithm's defining property, run in the in-process TF runtime on a tiny BN model."""
 
+import asyncio
 import csv
 import os
 import shutil
@@ -304,8 +305,9 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     x = [w.astype(np.float64) for w in self.x0]
     m, v = [np.zeros_like(w) for w in x], [np.zeros_like(w) for w in x]
     for r in range(3):
-      state = run(alg, state, ['0', '2', '3'])[0]
+      state, _, metrics = run(alg, state, ['0', '2', '3'])
       avg, _, _ = self.numpy_average([w.astype(np.float32) for w in x], ['0', '2', '3'])
+      x_before = [w.copy() for w in x]
       for i, trainable in enumerate(alg.spec.trainable):
         if not trainable and bn == 'average':
           x[i] = avg[i].astype(np.float64)
@@ -323,6 +325,14 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
       x[var] = np.maximum(x[var], 0.0)
       assert_lists_close(self, state['weights'], x, atol=2e-5, rtol=1e-4)
       assert_lists_close(self, state['m'], m, atol=1e-6, rtol=1e-4)
+      # The round's server metrics (metrics.csv's server/ columns): the step NumPy's optimiser
+      # applied, |x_new - x|, and its pseudo-gradient |avg - x|, over the whole model state.
+      norm = lambda arrays: np.sqrt(sum(np.sum(np.square(a, dtype=np.float64)) for a in arrays))
+      self.assertAllClose(metrics['server/update_norm'],
+                          norm([a - b for a, b in zip(x, x_before)]), rtol=1e-4)
+      self.assertAllClose(metrics['server/pseudo_gradient_norm'],
+                          norm([a - b for a, b in zip(avg, x_before)]), rtol=1e-4)
+      self.assertNotIn('server/eta_g', metrics)
       assert_lists_close(self, state['v'], v, atol=1e-8, rtol=1e-3)
 
   @parameterized.product(bn=['reference', 'average'], step_counters=[True, False])
@@ -343,7 +353,7 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertGreater(layers if step_counters else 1, 0)
     etas = []
     for r in range(3):
-      state = run(alg, state, clients)[0]
+      state, _, metrics = run(alg, state, clients)
       avg, ys, p = self.numpy_average([w.astype(np.float32) for w in x], clients)
       used = [t or bn == 'reference' for t in alg.spec.trainable]  # in the norms, extrapolated
       deltas = [[y[i] - x[i] for i in range(len(x))] for y in ys]
@@ -354,10 +364,18 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
                 + layers * sum(pk * k for pk, k in zip(p, steps)) ** 2)
       eta = max(1.0, mean_sq / (2 * (avg_sq + eps)))
       self.assertAllClose(state['eta_raw'], mean_sq / (2 * (avg_sq + eps)), rtol=1e-4)
+      x_before = x
       x = [xi + (eta if used[i] else 1.0) * d for i, (xi, d) in enumerate(zip(x, avg_delta))]
       var = alg.spec.names.index(next(n for n in alg.spec.names if 'moving_variance' in n))
       x[var] = np.maximum(x[var], 0.0)
       self.assertAllClose(state['eta_g'], eta, rtol=1e-4)
+      # The round's server metrics (metrics.csv's server/ columns) against NumPy's round.
+      norm = lambda arrays: np.sqrt(sum(np.sum(np.square(a, dtype=np.float64)) for a in arrays))
+      self.assertAllClose(metrics['server/eta_g'], eta, rtol=1e-4)
+      self.assertAllClose(metrics['server/eta_raw'], mean_sq / (2 * (avg_sq + eps)), rtol=1e-4)
+      self.assertAllClose(metrics['server/update_norm'],
+                          norm([a - b for a, b in zip(x, x_before)]), rtol=1e-4)
+      self.assertAllClose(metrics['server/pseudo_gradient_norm'], norm(avg_delta), rtol=1e-4)
       assert_lists_close(self, state['weights'], x, atol=2e-5, rtol=1e-4)
       etas.append(float(state['eta_g']))
     if bn == 'reference' and not step_counters:  # It extrapolated: not FedAvg. (Here the BN
@@ -976,6 +994,88 @@ class ServerOptimisersTrainTest(_DigitsBase):
     self.assertGreaterEqual(float(state['eta_g']), 1.0)
     self.assertEqual(float(state['eta_g']), max(1.0, float(state['eta_raw'])))
     self.assertGreater(float(state['eta_raw']), 0.0)
+
+class ServerMetricsTest(tf.test.TestCase):
+  """The server step's scalars (algorithms' `server_metrics`) reach metrics.csv and TensorBoard
+  every round through the training program, in both runtimes (digits, 2 clients, 1 local epoch,
+  2 rounds): FedAdam's update norm equals |x_2 - x_1| of its two checkpointed global models,
+  computed here in NumPy; FedExP's eta_g is the checkpoint's and max(1, eta_raw); the TF and TFF
+  runtimes release the same values. (tests above check each value against NumPy's round.)"""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tmp = tempfile.mkdtemp()
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.tmp, ignore_errors=True)
+    super().tearDownClass()
+
+  def train(self, name, runtime):
+    """(metrics.csv rows, TensorBoard scalars by round, {round: checkpointed server state})."""
+    c = config.make(task='digits', algorithm=name, num_clients=2, clients_per_round=2, rounds=2,
+                    local_epochs=1, seed=0, regularizer='none', eval_every=2, runtime=runtime,
+                    cache_dir=os.path.join(self.tmp, 'cache'),
+                    output_dir=os.path.join(self.tmp, f'{name}-{runtime}'))
+    try:
+      training.train(c, log=lambda s: None)
+    finally:
+      tff_context.stop_all()
+    with open(os.path.join(c.output_dir, 'metrics.csv')) as f:
+      rows = list(csv.DictReader(f))
+    # pylint: disable=protected-access
+    tb = program._tensorboard_rows(os.path.join(c.output_dir, 'tensorboard'), [1, 2])
+    alg = experiment.Experiment(c, log=lambda s: None).algorithm
+    structure = program._checkpoint_structure(alg.initial_server_state(alg.initial_weights()))
+    # pylint: enable=protected-access
+    manager = program.checkpoint_manager(c.output_dir)
+    states = {r: asyncio.run(manager.load(r, structure))['server_state'] for r in (1, 2)}
+    return rows, tb, states
+
+  def released(self, rows, tb, key):
+    """The metric `key` of rounds 1 and 2 as metrics.csv holds it, checked against TensorBoard."""
+    self.assertLen(rows, 2)
+    values = [float(r[key]) for r in rows]
+    self.assertTrue(all(np.isfinite(values)), (key, values))
+    for r, v in zip((1, 2), values):
+      self.assertAllClose(tb[r][key], v, rtol=1e-6)  # TensorBoard holds float32
+    return values
+
+  @staticmethod
+  def step_norm(states):
+    """|x_2 - x_1| of the two checkpointed global models, in NumPy (float64)."""
+    step = [np.asarray(a, np.float64) - b for a, b in zip(states[2]['weights'],
+                                                          states[1]['weights'])]
+    return np.sqrt(sum(np.sum(d ** 2) for d in step))
+
+  def in_both_runtimes(self, name, keys):
+    """[(the metrics `keys` of rounds 1 and 2, metrics.csv's columns, the checkpointed server
+    states)] of `name`'s run in the TF and the TFF runtime, whose values agree."""
+    runs = []
+    for runtime in ('tf', 'tff'):
+      rows, tb, states = self.train(name, runtime)
+      runs.append(({k: self.released(rows, tb, k) for k in keys}, set(rows[0]), states))
+    for k in keys:
+      np.testing.assert_allclose(runs[1][0][k], runs[0][0][k], rtol=1e-3, err_msg=k)
+    return runs
+
+  def test_fedadam_update_norm_is_the_global_models_step(self):
+    for metrics, columns, states in self.in_both_runtimes(
+        'fedadam', ('server/update_norm', 'server/pseudo_gradient_norm')):
+      self.assertNotIn('server/eta_g', columns)
+      self.assertAllClose(metrics['server/update_norm'][1], self.step_norm(states), rtol=1e-4)
+      self.assertGreater(min(metrics['server/pseudo_gradient_norm']), 0.0)
+
+  def test_fedexp_eta_g_is_released_every_round(self):
+    for metrics, _, states in self.in_both_runtimes(
+        'fedexp', ('server/eta_g', 'server/eta_raw', 'server/update_norm')):
+      eta, raw = metrics['server/eta_g'], metrics['server/eta_raw']
+      for r in (1, 2):
+        self.assertAllClose(eta[r - 1], float(states[r]['eta_g']), rtol=1e-6)
+        self.assertEqual(eta[r - 1], max(1.0, raw[r - 1]))
+      self.assertAllClose(metrics['server/update_norm'][1], self.step_norm(states), rtol=1e-4)
+
 
 if __name__ == '__main__':
   absltest.main()

@@ -6,7 +6,11 @@ An algorithm is written once, as TensorFlow code over explicit nested structures
   struct is awkward to place at CLIENTS), passed through unchanged;
 - `broadcast(server_state)`: what each sampled client receives (TF ops);
 - `make_client_step(workspace)` -> tf.function (broadcast, dataset, client_state) -> ClientOutput;
-- `server_step(server_state, summed_contribution, summed_weight)` -> new server state (TF ops).
+- `server_step(server_state, summed_contribution, summed_weight)` -> new server state (TF ops);
+- `server_metrics(server_state, summed_contribution, summed_weight, new_state)` -> the scalars of
+  that step a researcher plots (FedExP's eta_g, an adaptive optimiser's update norm), which the
+  runtimes report every round as `server/<name>` beside the clients' metrics (TF ops; default
+  none).
 The runtimes aggregate by a plain SUM of contributions and of weights (`tff.federated_sum` in TFF,
 `tf.add_n` in-process); each client multiplies its contribution by its own aggregation weight, so
 the weighting of every algorithm is visible in its own code.
@@ -159,6 +163,14 @@ class Algorithm:
   def server_step(self, server_state, contribution, weight):
     raise NotImplementedError
 
+  def server_metrics(self, server_state, contribution, weight, new_state) -> dict:
+    """{name: scalar} of the round's server step (TF ops), from the state before it, what
+    `server_step` was given and the state it made (after the round's variance clamp); the
+    runtimes release them as metrics.csv / TensorBoard columns `server/<name>`. Kept out of the
+    server state, so checkpoints keep their structure. Default: none."""
+    del server_state, contribution, weight, new_state
+    return {}
+
   # ---- helpers ----
   def _train(self, ws, start_weights, dataset, extra_loss=None, grad_correction=None,
              logit_adjustment=None, sam_rho=0.0):
@@ -177,6 +189,21 @@ def safe_average(summed, weight, fallback):
   """summed / weight, or `fallback` when no client contributed (weight == 0)."""
   return [tf.where(weight > 0, s / tf.maximum(tf.cast(weight, s.dtype), 1e-30),
                    tf.convert_to_tensor(f)) for s, f in zip(summed, fallback)]
+
+
+def l2_norm(tensors) -> tf.Tensor:
+  """The L2 norm of a whole list of tensors, as one vector (float32 scalar; TF ops)."""
+  return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in tensors]))
+
+
+def step_norms(server_state, new_state, delta) -> dict:
+  """A server optimiser's two norms over the whole model state (BN statistics included):
+  `update_norm` = |x_new - x|, the step the server applied to the global model, and
+  `pseudo_gradient_norm` = |delta|, the aggregate it stepped from (Reddi et al.'s pseudo-gradient,
+  delta = the clients' example-weighted mean model minus x). TF ops."""
+  step = [tf.convert_to_tensor(a) - tf.convert_to_tensor(b)
+          for a, b in zip(new_state['weights'], server_state['weights'])]
+  return {'update_norm': l2_norm(step), 'pseudo_gradient_norm': l2_norm(delta)}
 
 
 def nonnegative_variances(spec: ModelSpec, weights) -> list:

@@ -11,7 +11,8 @@ Uploads: n_i Delta_i (a delta, `upload = 'delta'`), and beside it, summed exactl
 n_i ||Delta_i||^2, n_i and n_i K_i (K_i: local steps): a factory may aggregate the delta, but the
 norms must be the clients' own. Server state: the weights, the last eta_g and the ratio before its
 floor of 1, `eta_raw` (for inspection: how far the round was from extrapolating; both are
-recomputed every round).
+recomputed every round). Each round reports them as `server/eta_g` and `server/eta_raw`, with
+`server/update_norm` and `server/pseudo_gradient_norm` (metrics.csv, TensorBoard).
 
 BN moving statistics, `bn`:
 - 'reference' (the default): as the reference, they are part of Delta_i in the norms and are
@@ -115,3 +116,11 @@ class FedExp(base.Algorithm):
              for w, a, used in zip(x, avg, self._in_norm())]
     return {'weights': base.nonnegative_variances(self.spec, new_x), 'eta_g': eta,
             'eta_raw': raw}
+
+  def server_metrics(self, server_state, contribution, weight, new_state):
+    """server/eta_g, server/eta_raw (the paper's figure), and base.step_norms: |x_new - x| and
+    the averaged delta's |avg|, over the whole model state."""
+    x = [tf.convert_to_tensor(w) for w in server_state['weights']]
+    avg = base.safe_average(contribution['delta'], weight, [tf.zeros_like(w) for w in x])
+    return {'eta_g': new_state['eta_g'], 'eta_raw': new_state['eta_raw'],
+            **base.step_norms(server_state, new_state, avg)}

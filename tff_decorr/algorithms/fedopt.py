@@ -10,7 +10,8 @@ optimiser, per coordinate, without bias correction:
   v <- v - (1 - b2) delta^2 sign(v - delta^2)         (yogi)
   x <- x + server_lr m / (sqrt(v) + tau)
 with m = v = 0 initially. Server state {weights, m, v} (both moments of every weight), so a
-checkpoint resumes exactly.
+checkpoint resumes exactly. Each round reports `server/update_norm` (|x_new - x|) and
+`server/pseudo_gradient_norm` (|delta|), over the whole model state (metrics.csv, TensorBoard).
 
 Differences from the paper (Algorithm 2 of Reddi et al.), all following the reference:
 - v starts at 0, not at v_{-1} >= tau^2 (with tau = 1e-3 the difference is at most tau^2 = 1e-6
@@ -109,6 +110,13 @@ class FedOpt(fedavg.FedAvg):
       new_m.append(m)
       new_v.append(v)
     return {'weights': base.nonnegative_variances(self.spec, new_x), 'm': new_m, 'v': new_v}
+
+  def server_metrics(self, server_state, contribution, weight, new_state):
+    """server/update_norm and server/pseudo_gradient_norm (base.step_norms: over the whole model
+    state, so under bn='average' they include the statistics' jump to the clients' average)."""
+    x = [tf.convert_to_tensor(w) for w in server_state['weights']]
+    delta = [a - xi for a, xi in zip(base.safe_average(contribution, weight, x), x)]
+    return base.step_norms(server_state, new_state, delta)
 
 
 class FedAdagrad(FedOpt):

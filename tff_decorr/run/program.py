@@ -262,8 +262,9 @@ def summarize_train_metrics(m: dict) -> dict:
   for k in ('bytes_up', 'bytes_down', 'clients', 'bytes_up_float32'):
     if k in m:
       out[k] = float(m[k])
-  # A tff.aggregators factory's measurements (--aggregator): clipping norms, dp_epsilon, ...
-  out.update({k: float(v) for k, v in m.items() if k.startswith('aggregator/')})
+  # A tff.aggregators factory's measurements (--aggregator): clipping norms, dp_epsilon, ...; the
+  # server step's scalars (runtimes/rounds.py): FedExP's eta_g, the server optimisers' norms.
+  out.update({k: float(v) for k, v in m.items() if k.startswith(('aggregator/', 'server/'))})
   return out
 
 

@@ -19,7 +19,9 @@ in-process) or any `tff.aggregators` factory. What a client sends (`Round.client
           factory (SCAFFOLD's control-variate deltas: its c must stay the clients' mean);
   weight  the algorithm's aggregation weight; `one` = 1 (unweighted factories count clients).
 `Round.server_update` turns the aggregate back into the summed contribution the algorithm's
-`server_step` takes (aggregation.summed_contribution), adds the exact sums, and calls it.
+`server_step` takes (aggregation.summed_contribution), adds the exact sums, and calls it;
+`server_update_with_metrics` also returns the algorithm's `server_metrics` (FedExP's eta_g, the
+adaptive optimisers' update norm), which the TFF and TF faces report as `server/<name>`.
 Whether an algorithm may run under a factory at all is its declared capabilities
 (base.Algorithm; aggregation.refusal), checked when the aggregation process is created.
 """
@@ -29,12 +31,22 @@ from __future__ import annotations
 import collections
 from typing import Optional
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_decorr.federated import aggregation
 from tff_decorr.algorithms import base
 from tff_decorr.algorithms.workspace import Workspace
+
+
+SERVER_PREFIX = 'server/'
+
+
+def flat_server_metrics(metrics) -> dict:
+  """The server step's scalars (`Round.server_update_with_metrics`) as the round's metrics
+  {'server/<name>': float}, next to the clients' sums (metrics.csv and TensorBoard columns)."""
+  return {SERVER_PREFIX + name: float(np.asarray(value)) for name, value in metrics.items()}
 
 
 class Round:
@@ -98,6 +110,11 @@ class Round:
   def server_update(self, server_state, aggregate, exact, total_weight):
     """The algorithm's new server state from the aggregate, the exact sums and the total weight
     (the summed weights; under an unweighted factory, the number of clients). TF ops."""
+    return self.server_update_with_metrics(server_state, aggregate, exact, total_weight)[0]
+
+  def server_update_with_metrics(self, server_state, aggregate, exact, total_weight):
+    """(`server_update`'s new state, OrderedDict of the algorithm's `server_metrics` as float32
+    scalars, by name). The faces report them as `server/<name>` (`flat_server_metrics`). TF ops."""
     alg = self.algorithm
     summed = aggregate if self.plain else aggregation.summed_contribution(
         alg, alg.broadcast(server_state), aggregate, total_weight)
@@ -106,7 +123,9 @@ class Round:
     new_state = dict(alg.server_step(server_state, summed, total_weight))
     if not self.plain:  # Noise or quantisation can push an averaged variance below zero.
       new_state['weights'] = aggregation.nonnegative_variances(alg, list(new_state['weights']))
-    return new_state
+    metrics = alg.server_metrics(server_state, summed, total_weight, new_state)
+    return new_state, collections.OrderedDict(
+        (name, tf.cast(metrics[name], tf.float32)) for name in sorted(metrics))
 
   # ---- aggregation (federated) ----
   def aggregation_process(self, update_type, weight_type) -> tff.templates.AggregationProcess:

@@ -107,7 +107,7 @@ class TfRuntime:
     self.round = rounds.Round(algorithm)
     self._steps = []  # One tf.function per workspace, built as concurrency needs them.
     self._add_step()
-    self._server_update = tf.function(self.round.server_update)
+    self._server_update = tf.function(self.round.server_update_with_metrics)
     self._broadcast = tf.function(algorithm.broadcast)
     self._pool = None
     self._free = None  # queue.SimpleQueue of the indices of the steps no thread is running.
@@ -178,7 +178,8 @@ class TfRuntime:
 
   def run_round(self, server_state, client_inputs: Sequence[Tuple[str, int]],
                 client_states: Sequence[Any]):
-    """One round. Returns (new server state, new client states (list), summed metrics), NumPy."""
+    """One round. Returns (new server state, new client states (list), metrics), NumPy: the
+    clients' summed metrics and the server step's as 'server/<name>'."""
     if len(client_inputs) != len(client_states):
       raise ValueError(f'client_states has {len(client_states)} entries but client_inputs has '
                        f'{len(client_inputs)}; pass one state per sampled client.')
@@ -209,6 +210,7 @@ class TfRuntime:
     for parts, state in results:
       summed = parts if summed is None else sum_structures([summed, parts])
       new_states.append(state)
-    new_server_state = self._server_update(_to_tensors(server_state), summed['update'],
-                                           summed['exact'], summed['weight'])
-    return _to_numpy(new_server_state), new_states, _to_numpy(summed['metrics'])
+    new_server_state, server_metrics = self._server_update(
+        _to_tensors(server_state), summed['update'], summed['exact'], summed['weight'])
+    metrics = {**_to_numpy(summed['metrics']), **rounds.flat_server_metrics(server_metrics)}
+    return _to_numpy(new_server_state), new_states, metrics

@@ -5,7 +5,7 @@
   client_inputs {<client_id=string, seed=int64>}@CLIENTS
   client_states {algorithm client state}@CLIENTS
 returns <new state@SERVER, new client_states@CLIENTS, <train=summed client metrics,
-aggregator=the aggregator's measurements>@SERVER>.
+aggregator=the aggregator's measurements, server=the server step's scalars>@SERVER>.
 
 Each client's dataset is built INSIDE the client computation from (client_id, seed) by
 `client_dataset_fn`, so datasets never cross into the runtime as serialized arrays (100 MB cap,
@@ -17,7 +17,7 @@ lives here.
 `TffRuntime` gives the process the program's interface: the server state is the algorithm's,
 plus the key 'aggregator' (the factory's state, checkpointed with the rest) under a
 tff.aggregators factory (bin/train's --aggregator), whose measurements come back with the
-metrics as 'aggregator/<name>'.
+metrics as 'aggregator/<name>'; the server step's scalars (FedExP's eta_g, ...) as 'server/<name>'.
 """
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def build_process(algorithm: base.Algorithm,
   `initial_weights` default: algorithm.initial_weights(). `aggregator`: None, the algorithm's
   own weighted sum; or a tff.aggregators factory.
   State: <algorithm=the algorithm's server state, aggregator=the aggregation process's state (empty
-  for the plain sum)>; metrics: <train=summed client metrics, aggregator=its measurements>.
+  for the plain sum)>; metrics: <train=summed client metrics, aggregator=its measurements,
+  server=the algorithm's server_metrics (rounds.Round.server_update_with_metrics)>.
   """
   if not isinstance(algorithm, base.Algorithm):
     raise ValueError(f'algorithm must be a tff_decorr Algorithm, got {type(algorithm).__name__}.')
@@ -99,7 +100,9 @@ def build_process(algorithm: base.Algorithm,
   @tff.tensorflow.computation(server_state_type, out_type['update'], out_type['exact'],
                               tf.float32)
   def server_tf(server_state, aggregate, exact, total_weight):
-    return round_.server_update(server_state, aggregate, exact, total_weight)
+    new_state, metrics = round_.server_update_with_metrics(server_state, aggregate, exact,
+                                                           total_weight)
+    return collections.OrderedDict(state=new_state, metrics=metrics)
 
   @tff.federated_computation
   def initialize():
@@ -114,11 +117,12 @@ def build_process(algorithm: base.Algorithm,
     broadcast = tff.federated_broadcast(tff.federated_map(broadcast_tf, state.algorithm))
     outputs = tff.federated_map(client_tf, (broadcast, client_inputs, client_states))
     agg_out, exact, total = round_.aggregate(agg, state.aggregator, outputs)
-    new_algorithm = tff.federated_map(server_tf, (state.algorithm, agg_out.result, exact, total))
-    new_state = tff.federated_zip(collections.OrderedDict(algorithm=new_algorithm,
+    server_out = tff.federated_map(server_tf, (state.algorithm, agg_out.result, exact, total))
+    new_state = tff.federated_zip(collections.OrderedDict(algorithm=server_out.state,
                                                           aggregator=agg_out.state))
     metrics = tff.federated_zip(collections.OrderedDict(
-        train=tff.federated_sum(outputs.metrics), aggregator=agg_out.measurements))
+        train=tff.federated_sum(outputs.metrics), aggregator=agg_out.measurements,
+        server=server_out.metrics))
     return new_state, outputs.client_state, metrics
 
   process = tff.templates.IterativeProcess(initialize, next_fn)
@@ -169,7 +173,7 @@ class TffRuntime:
         algorithm={k: v for k, v in server_state.items() if k != AGGREGATOR_KEY},
         aggregator=aggregator_state)
     new_state, new_client_states, out = self.process.next(state, inputs, list(client_states))
-    metrics = dict(out['train'])
+    metrics = {**out['train'], **rounds.flat_server_metrics(out['server'])}
     if not self.aggregated:
       return dict(new_state['algorithm']), list(new_client_states), metrics
     # Bytes as the aggregator's wire format sends them (compression: its encoded tensors); the
