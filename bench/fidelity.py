@@ -58,6 +58,7 @@ from absl import flags
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
 from bench import reference_main  # pylint: disable=g-import-not-at-top
+from bench import settings  # pylint: disable=g-import-not-at-top
 from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
 from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
 from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
@@ -93,22 +94,28 @@ flags.DEFINE_string('reference_data', '', 'The shared CIFAR-10 as an .npz for th
                     '(default <output_dir>/ref_cifar10.npz, exported here when missing).')
 
 
+# How the results JSON names the setting: bench/settings.py's, --rounds and --alphas apart.
+_SETTING = 'fidelity (bench/settings.py): ' + ' '.join(
+    f for f in settings.flags(settings.FIDELITY)
+    if not f.startswith(('--rounds=', '--dirichlet_alpha=')))
+
+
 def _stats(values):
   return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def _project_run(out, alpha, reg, seed, **settings):
+def _project_run(out, alpha, reg, seed, **extra):
   """The project's run in `out` (trained unless its summary.json exists): its summary."""
   path = os.path.join(out, 'summary.json')
   if not os.path.exists(path):
+    # The algorithms' own settings (`extra`: a mapping's, --init) go over the named setting's.
+    values = {**settings.FIDELITY, 'dirichlet_alpha': float(alpha), 'rounds': FLAGS.rounds,
+              **extra}
     config = config_lib.make(
-        task='cifar10', model='resnet20', data_dir=os.path.abspath(FLAGS.data_dir),
-        runtime=FLAGS.runtime, dirichlet_alpha=float(alpha), regularizer=reg,
-        seed=int(seed), num_clients=10, rounds=FLAGS.rounds, local_epochs=1,
-        client_lr=0.01, momentum=0.9, weight_decay=1e-5, batch_size=64,
-        eval_every=FLAGS.rounds, output_dir=out,
-        cache_dir=os.path.join(FLAGS.output_dir, 'cache'), **settings,
-        **({'feddecorr_beta': 0.1} if reg == 'feddecorr' else {}))
+        **values, data_dir=os.path.abspath(FLAGS.data_dir), runtime=FLAGS.runtime,
+        regularizer=reg, seed=int(seed), eval_every=FLAGS.rounds, output_dir=out,
+        cache_dir=os.path.join(FLAGS.output_dir, 'cache'),
+        **({'feddecorr_beta': settings.FEDDECORR_BETA} if reg == 'feddecorr' else {}))
     training.train(config, log=lambda s: None)  # Resumes an interrupted run.
     tff_context.stop_all()  # One TFF worker per run, as bin/train: none left behind.
   with open(path) as f:
@@ -149,8 +156,7 @@ def _inits_table():
         mean, std = _stats(accs)
         results[f'{alpha}/{init}/{reg}'] = {'seeds': [int(s) for s in FLAGS.seeds],
                                             'accuracy': accs, 'mean': mean, 'std': std}
-  report = {'setting': 'cifar10 resnet20, 10 clients, 1 local epoch, lr 0.01, momentum 0.9, '
-                       'wd 1e-5, batch 64', 'rounds': FLAGS.rounds, 'runtime': FLAGS.runtime,
+  report = {'setting': _SETTING, 'rounds': FLAGS.rounds, 'runtime': FLAGS.runtime,
             'results': results, 'reference': {f'{a}/{r}': v for (a, r), v in REFERENCE.items()},
             'wall_time_s': time.time() - t0, 'load_avg_end': os.getloadavg()}
   os.makedirs(os.path.join(_ROOT, 'bench', 'results'), exist_ok=True)
@@ -248,8 +254,7 @@ def _algorithms_table():
         results[f'{alpha}/{alg}/{reg}'] = cell
   name = 'fidelity_algorithms' + ('' if FLAGS.rounds == 10 else f'_r{FLAGS.rounds}') + '.json'
   path = os.path.join(_ROOT, 'bench', 'results', name)
-  report = {'setting': 'cifar10 resnet20, 10 clients, 1 local epoch, lr 0.01, momentum 0.9, '
-                       'wd 1e-5, batch 64; reference: its main.py (bench/reference_main.py)',
+  report = {'setting': _SETTING + '; reference: its main.py (bench/reference_main.py)',
             'rounds': FLAGS.rounds, 'runtime': FLAGS.runtime, 'results': {}}
   if os.path.exists(path):  # Cells of earlier invocations are kept; this one's replace theirs.
     with open(path) as f:
