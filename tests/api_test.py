@@ -168,7 +168,7 @@ class OldPathsTest(absltest.TestCase):
 # Written out here, not derived from the imports: the test checks the imports against it.
 _LAYERS = (
     ('base', ('tff_decorr.hparams', 'tff_decorr.tf_env', 'tff_decorr.regularizers',
-              'tff_decorr.partitions', 'tff_decorr.data_options')),
+              'tff_decorr.partitions', 'tff_decorr.data_options', 'tff_decorr.lazy')),
     ('models', ('tff_decorr.models',)),
     ('algorithms', ('tff_decorr.algorithms',)),
     ('federated', ('tff_decorr.federated',)),  # aggregation, tff_context, netns, loopback
@@ -179,9 +179,9 @@ _LAYERS = (
     # MOVED finder reads run.deprecated_flags.REMOVED_IN.
     ('package', ('tff_decorr',)),
 )
-# What any layer may take from the package's __init__.py: its own definitions, which import nothing
-# (not `train`, not an old path).
-_PACKAGE_NAMES_ANY_LAYER = ('lazy_submodules', '__version__')
+# What any layer may take from the package's __init__.py: its own definition, which imports nothing
+# (not `train`, not an old path, not `lazy_submodules`, which is the base layer's tff_decorr.lazy).
+_PACKAGE_NAMES_ANY_LAYER = ('__version__',)
 _PACKAGE_DIR = os.path.join(testutil.REPO_ROOT, 'tff_decorr')
 
 
@@ -286,17 +286,21 @@ class LayersTest(absltest.TestCase):
     """The check itself: an import inside a function, upward, is named with its file and line."""
     path = os.path.join(_PACKAGE_DIR, 'collapse', 'analysis.py')
     source = ('from tff_decorr.collapse import plots\n'
-              'from tff_decorr import lazy_submodules, hparams\n'
+              'from tff_decorr import __version__, hparams\n'
+              'from tff_decorr.lazy import lazy_submodules\n'
+              'from tff_decorr import lazy_submodules\n'
               'def f():\n'
               '  from tff_decorr.run import export\n'
               '  from tff_decorr import train\n'
               '  from tff_decorr.federated import learning\n')
     self.assertEqual(_upward_imports(path, source), [
-        'tff_decorr/collapse/analysis.py:4: `from tff_decorr.run import export` goes up, from the '
+        'tff_decorr/collapse/analysis.py:4: `from tff_decorr import lazy_submodules` goes up, from '
+        'the collapse layer (tff_decorr.collapse.analysis) to the package layer (tff_decorr)',
+        'tff_decorr/collapse/analysis.py:6: `from tff_decorr.run import export` goes up, from the '
         'collapse layer (tff_decorr.collapse.analysis) to the run layer (tff_decorr.run.export)',
-        'tff_decorr/collapse/analysis.py:5: `from tff_decorr import train` goes up, from the '
+        'tff_decorr/collapse/analysis.py:7: `from tff_decorr import train` goes up, from the '
         'collapse layer (tff_decorr.collapse.analysis) to the package layer (tff_decorr)',
-        'tff_decorr/collapse/analysis.py:6: `from tff_decorr.federated import learning` names the '
+        'tff_decorr/collapse/analysis.py:8: `from tff_decorr.federated import learning` names the '
         'deprecated path tff_decorr.federated.learning: import tff_decorr.runtimes.learning',
     ])
 

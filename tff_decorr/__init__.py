@@ -18,6 +18,9 @@ import atexit
 import importlib
 import sys
 
+from tff_decorr import lazy as _lazy
+from tff_decorr.lazy import lazy_submodules
+
 __version__ = '0.2.0'
 
 # Old module path (before the subpackage regroup, commit 1c5fa3b) -> its module today. Removing
@@ -43,20 +46,6 @@ MOVED = {
 }
 
 
-def lazy_submodules(package: str):
-  """A module `__getattr__` that imports `package`'s submodules on first attribute access."""
-
-  def getattr_(name):
-    try:
-      return importlib.import_module(f'{package}.{name}')
-    except ModuleNotFoundError as e:
-      if e.name != f'{package}.{name}':
-        raise
-      raise AttributeError(f'module {package} has no attribute {name!r}') from None
-
-  return getattr_
-
-
 _submodule = lazy_submodules(__name__)
 
 
@@ -68,11 +57,11 @@ def __getattr__(name):
 
 
 def _importer_stacklevel() -> int:
-  """The stacklevel of the first frame outside the import machinery and this package's lazy
-  attributes: the line that imported the old path, which the warning then names. (warnings does
-  not count importlib's frozen _bootstrap frames.)"""
+  """The stacklevel of the first frame outside the import machinery and the packages' lazy
+  attributes (tff_decorr.lazy): the line that imported the old path, which the warning then names.
+  (warnings does not count importlib's frozen _bootstrap frames.)"""
   level, frame = 2, sys._getframe(2)  # pylint: disable=protected-access  (the caller's caller)
-  machinery = (__file__, importlib.__file__)
+  machinery = (__file__, importlib.__file__, _lazy.__file__)
   while frame is not None and (frame.f_code.co_filename in machinery or
                                frame.f_code.co_filename.startswith('<frozen importlib.')):
     if not frame.f_code.co_filename.startswith('<frozen importlib.'):

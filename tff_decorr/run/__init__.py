@@ -5,9 +5,9 @@ training, export, personalized, client_state, run_dir), spectra tracked during t
 TensorFlow environment is tff_decorr.tf_env, a layer down), and grids of runs (study, report when
 present).
 
-Submodules are imported on first use (tff_decorr.lazy_submodules).
+Submodules are imported on first use (tff_decorr.lazy.lazy_submodules).
 """
 
-from tff_decorr import lazy_submodules
+from tff_decorr.lazy import lazy_submodules
 
 __getattr__ = lazy_submodules(__name__)
