@@ -30,7 +30,7 @@ import tensorflow as tf  # Before absl app.run (as bench/accuracy.py); also read
 
 from bench import _common
 from bench import settings as bench_settings
-from tff_decorr.run import config as config_lib
+from tff_decorr.configs import config as config_lib
 from tff_decorr.run import program
 from tff_decorr.run import training
 

@@ -94,7 +94,7 @@ flags.DEFINE_string('output_name', '', 'Name of the JSON in bench/results (defau
 def config(aggregator: str = 'mean'):
   """The configuration every variant shares (the process variants reuse the baseline's
   Experiment; runtime_<aggregator> is bin/train's --aggregator=<aggregator>)."""
-  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   digits = FLAGS.task == 'digits'
   settings = {}
   if aggregator == 'dp':

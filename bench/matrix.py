@@ -81,7 +81,7 @@ def unvalidated(settings: dict):
   give it, skipping `config.make`'s validation: the same combination resolved with the plain sum
   and the aggregator put back afterwards, with its settings."""
   from tff_decorr.federated import aggregation  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   base = {k: v for k, v in settings.items() if not k.startswith(settings['aggregator'] + '_')}
   c = config_lib.make(**{**base, 'aggregator': 'mean', 'runtime': 'tff'})
   hparams = {k: v for k, v in c.hparams.items() if k != 'mean'}
@@ -106,7 +106,7 @@ def refused_by_program(settings: dict, out: str) -> str:
 
 
 def run_cell(algorithm: str, aggregator: str, runtime: str, seeds, root: str) -> dict:
-  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import training  # pylint: disable=g-import-not-at-top

@@ -46,7 +46,7 @@ flags.DEFINE_string('child_pid_file', '', 'Internal: run the benchmark in this p
 
 
 def config(runtime: str):
-  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   return config_lib.make(
       task=FLAGS.task, data_dir=os.path.abspath(FLAGS.data_dir) if FLAGS.task != 'digits' else '',
       model=FLAGS.model, algorithm='fedavg', regularizer='none', local_epochs=FLAGS.local_epochs,

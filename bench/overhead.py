@@ -56,7 +56,7 @@ VARIANTS = {
 
 
 def config(**kw):
-  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   paper = FLAGS.scale == 'paper'
   base = dict(task='cifar10', data_dir=os.path.abspath(FLAGS.data_dir),
               model='mobilenet_v2_cifar' if paper else 'small_cnn',

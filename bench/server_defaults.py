@@ -244,7 +244,7 @@ def cell_key(name: str, settings: Dict[str, Any]) -> str:
 
 
 def make_config(name: str, settings: Dict[str, Any], seed: int, rounds: int, output_dir: str):
-  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   return config_lib.make(
       **SETTING, algorithm=name, rounds=rounds, eval_every=rounds, seed=seed,
       **{f'{name}_{k}': v for k, v in settings.items()},

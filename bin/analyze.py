@@ -31,7 +31,7 @@ from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top  (before TF
 if __name__ == '__main__':
   tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
 from tff_decorr.collapse import analysis
-from tff_decorr.run import cli
+from tff_decorr.configs import cli
 from tff_decorr.run import export
 from tff_decorr.collapse import plots
 

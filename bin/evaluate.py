@@ -29,7 +29,7 @@ if __name__ == '__main__':
 # Keras 2.14 builds functional models from graph tensors and fails ("SymbolicTensor ... node").
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
-from tff_decorr.run import cli  # pylint: disable=g-import-not-at-top
+from tff_decorr.configs import cli  # pylint: disable=g-import-not-at-top
 from tff_decorr.run import personalized  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS

@@ -34,7 +34,7 @@ if __name__ == '__main__':
 # As in bin/train: TensorFlow imported before app.run (the spectra load SavedModels).
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
-from tff_decorr.run import cli  # pylint: disable=g-import-not-at-top
+from tff_decorr.configs import cli  # pylint: disable=g-import-not-at-top
 from tff_decorr.run import report  # pylint: disable=g-import-not-at-top
 from tff_decorr.run import study  # pylint: disable=g-import-not-at-top
 

@@ -22,7 +22,7 @@ from tasks import registry as task_registry
 from tests import testutil
 from tff_decorr.federated import aggregation
 from tff_decorr import algorithms
-from tff_decorr.run import config
+from tff_decorr.configs import config
 from tff_decorr import regularizers
 from tff_decorr.federated import tff_context
 from tff_decorr.run import program

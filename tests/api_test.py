@@ -20,7 +20,7 @@ from absl.testing import absltest
 
 import tff_decorr
 from tests import testutil
-from tff_decorr.run import deprecated_flags
+from tff_decorr.configs import deprecated_flags
 
 # Written out here, from `git show --stat 1c5fa3b` (tff_decorr/{ => <package>}/<module>.py), not
 # read from tff_decorr.MOVED: the test checks that table, not itself.
@@ -31,6 +31,10 @@ _MOVED = {
     'collapse': ['analysis', 'plots'],
 }
 _OLD_TO_NEW = {f'tff_decorr.{m}': f'tff_decorr.{p}.{m}' for p, ms in _MOVED.items() for m in ms}
+# Moved after 0.2.0, when run/ was split by concern: the configuration, a layer below the run
+# program (run/{config,deprecated_flags,cli}.py -> configs/). Their flat paths follow them.
+for _m in ('config', 'deprecated_flags', 'cli'):
+  _OLD_TO_NEW[f'tff_decorr.run.{_m}'] = _OLD_TO_NEW[f'tff_decorr.{_m}'] = f'tff_decorr.configs.{_m}'
 # Moved after 1c5fa3b: tf_env from run/ to the package root (run/tf_env.py -> tf_env.py).
 _OLD_TO_NEW['tff_decorr.run.tf_env'] = 'tff_decorr.tf_env'
 # Moved after 1c5fa3b: collapse_tracking from collapse/ to run/ (the run program's round-end hook,
@@ -150,17 +154,20 @@ class OldPathsTest(absltest.TestCase):
               'print("tensorflow" in sys.modules); {imports}; '
               'print(sorted(m for m in ("tensorflow", "tensorflow_federated", "matplotlib") '
               'if m in sys.modules))')
+    # Their flat paths, their paths in 0.2.0's run/, and their paths today.
+    forms = {'flat': [f'tff_decorr.{m}' for m in light],
+             'run': [f'tff_decorr.run.{m}' for m in light]}
+    forms['today'] = [_OLD_TO_NEW.get(path, path) for path in forms['run']]
     out = {}
-    for form in ('tff_decorr.{}', 'tff_decorr.run.{}'):
-      imports = '; '.join(f'import {form.format(m)}' for m in light)
+    for form, paths in forms.items():
+      imports = '; '.join(f'import {path}' for path in paths)
       proc = subprocess.run([sys.executable, '-c', script.format(imports=imports)],
                             cwd=testutil.REPO_ROOT, capture_output=True, text=True, timeout=300)
       self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
       package_alone, after = proc.stdout.split('\n')[:2]
       self.assertEqual(package_alone, 'False')
       out[form] = after
-    self.assertEqual(out['tff_decorr.{}'], out['tff_decorr.run.{}'])
-    self.assertEqual(out['tff_decorr.{}'], '[]')
+    self.assertEqual(out, {form: '[]' for form in forms})
 
 
 # The layers, lowest first (docs/DESIGN.md, "Package map"). A module may import modules of its own
@@ -174,9 +181,10 @@ _LAYERS = (
     ('federated', ('tff_decorr.federated',)),  # aggregation, tff_context, netns, loopback
     ('runtimes', ('tff_decorr.runtimes',)),  # rounds; its faces tff_runtime, tf_runtime, learning.
     ('collapse', ('tff_decorr.collapse',)),
+    ('configs', ('tff_decorr.configs',)),  # config, deprecated_flags, cli.
     ('run', ('tff_decorr.run',)),
     # tff_decorr/__init__.py alone (no module under it): tff_decorr.train is run.training's, and the
-    # MOVED finder reads run.deprecated_flags.REMOVED_IN.
+    # MOVED finder reads configs.deprecated_flags.REMOVED_IN.
     ('package', ('tff_decorr',)),
 )
 # What any layer may take from the package's __init__.py: its own definition, which imports nothing

@@ -28,7 +28,7 @@ import tensorflow_federated as tff
 
 from tasks import client_data
 from tff_decorr.run import checkpoint_files
-from tff_decorr.run import cli
+from tff_decorr.configs import cli
 from tff_decorr.run import client_state
 from tff_decorr.run import program
 from tff_decorr.run import run_dir

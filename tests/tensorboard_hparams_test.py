@@ -13,7 +13,7 @@ from absl.testing import absltest
 import tensorflow as tf
 
 from tests import testutil
-from tff_decorr.run import config as config_lib
+from tff_decorr.configs import config as config_lib
 from tff_decorr.run import tensorboard_hparams
 
 

@@ -1,12 +1,13 @@
 """tff_decorr: FedDecorr and its baselines on TensorFlow Federated.
 
 `tff_decorr.train(config)` runs a configuration (tff_decorr.run.training), for example
-`tff_decorr.train(tff_decorr.run.config.make(task='digits', algorithm='fedprox',
+`tff_decorr.train(tff_decorr.configs.config.make(task='digits', algorithm='fedprox',
 fedprox_mu=1e-3))`.
 
 Layers, lowest first (docs/DESIGN.md): components (hparams, tf_env, regularizers, partitions,
 models/, algorithms/), the TFF machinery (federated/), the round and its runtimes, the tff.learning
-face among them (runtimes/), collapse measurement (collapse/) and the run program (run/).
+face among them (runtimes/), collapse measurement (collapse/), the run's configuration (configs/)
+and the run program (run/).
 Submodules are imported on first use, so importing the package itself does not import TensorFlow.
 
 The flat module paths used before the subpackages (`tff_decorr.config`, `from tff_decorr import
@@ -23,11 +24,19 @@ from tff_decorr.lazy import lazy_submodules
 
 __version__ = '0.2.0'
 
-# Old module path (before the subpackage regroup, commit 1c5fa3b) -> its module today. Removing
-# these in release REMOVED_IN is deleting this table and `_MovedModuleFinder` below.
+# The modules of 0.2.0's run/ that left it when run/ was split by concern, each -> its module
+# today: the configuration a layer below the run program (configs/).
+_RUN_SPLIT = {
+    'config': 'configs.config', 'deprecated_flags': 'configs.deprecated_flags',
+    'cli': 'configs.cli',
+}
+
+# Old module path (before the subpackage regroup, commit 1c5fa3b, or 0.2.0's path in run/) -> its
+# module today, never another old path. Removing these in release REMOVED_IN is deleting this
+# table and `_MovedModuleFinder` below.
 MOVED = {
     **{f'tff_decorr.{m}': f'tff_decorr.federated.{m}' for m in ('tff_context', 'aggregation')},
-    **{f'tff_decorr.{m}': f'tff_decorr.run.{m}'
+    **{f'tff_decorr.{m}': 'tff_decorr.' + _RUN_SPLIT.get(m, f'run.{m}')
        for m in ('config', 'deprecated_flags', 'training', 'experiment', 'program',
                  'client_state', 'run_dir', 'export', 'personalized', 'cli', 'study', 'report')},
     **{f'tff_decorr.{m}': f'tff_decorr.collapse.{m}' for m in ('analysis', 'plots')},
@@ -43,6 +52,8 @@ MOVED = {
     # of tff_runtime and tf_runtime; federated/ keeps the TFF machinery that runtimes/ imports.
     'tff_decorr.learning': 'tff_decorr.runtimes.learning',
     'tff_decorr.federated.learning': 'tff_decorr.runtimes.learning',
+    # 0.2.0's paths in run/ of the modules that left it (_RUN_SPLIT).
+    **{f'tff_decorr.run.{m}': f'tff_decorr.{new}' for m, new in _RUN_SPLIT.items()},
 }
 
 
@@ -101,10 +112,10 @@ class _MovedModuleFinder:  # An importlib.abc.MetaPathFinder.
     # Imported here, not with the package: `import tff_decorr` stays as light as it was.
     import importlib.machinery  # pylint: disable=g-import-not-at-top,redefined-outer-name
     import warnings  # pylint: disable=g-import-not-at-top
-    from tff_decorr.run.deprecated_flags import REMOVED_IN  # pylint: disable=g-import-not-at-top
+    from tff_decorr.configs import deprecated_flags  # pylint: disable=g-import-not-at-top
     warnings.warn(f'{fullname} moved to {new}; the old path is deprecated and will be removed in '
-                  f'tff_decorr {REMOVED_IN} (this is {__version__}): import {new}.',
-                  DeprecationWarning, stacklevel=_importer_stacklevel())
+                  f'tff_decorr {deprecated_flags.REMOVED_IN} (this is {__version__}): '
+                  f'import {new}.', DeprecationWarning, stacklevel=_importer_stacklevel())
     return importlib.machinery.ModuleSpec(fullname, _AliasLoader(new))
 
 

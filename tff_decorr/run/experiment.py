@@ -1,5 +1,5 @@
-"""Composition: from a resolved configuration (tff_decorr.run.config) to the pieces of a run: task data,
-model, regulariser, algorithm, runtime, evaluation and export. It sits above the registries (tasks,
+"""Composition: from a resolved configuration (tff_decorr.configs.config) to the pieces of a run:
+task data, model, regulariser, algorithm, runtime, evaluation and export. It sits above the registries (tasks,
 models, algorithms, regularizers, partitions), which know nothing of each other; the training
 program (tff_decorr.run.training), the benchmarks and the end-to-end tests share it.
 """
@@ -17,7 +17,7 @@ from tasks import client_data
 from tasks import registry as task_registry
 from tff_decorr.federated import aggregation
 from tff_decorr import algorithms
-from tff_decorr.run import config as config_lib
+from tff_decorr.configs import config as config_lib
 from tff_decorr.run import export
 from tff_decorr import models
 from tff_decorr.models import precision

@@ -42,6 +42,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_decorr.configs import cli
 from tff_decorr.run import checkpoint_files
 from tff_decorr.run import graph_check
 from tff_decorr.run import phases as phases_lib
@@ -54,20 +55,16 @@ class CheckpointError(ValueError):
   """A checkpoint exists but cannot be read; the message says how to proceed."""
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(cli.RunFailedError):  # A RuntimeError.
   """Training produced a non-finite loss or global weights; the previous checkpoint is kept."""
 
 
-class DiskFullError(RuntimeError):
+class DiskFullError(cli.RunFailedError):  # A RuntimeError.
   """A write found no space left; the last completed round's checkpoint is intact."""
 
 
-class Interrupted(Exception):  # Not a KeyboardInterrupt subclass: callers print one line for it.
+class Interrupted(cli.RunInterrupted):  # Not a KeyboardInterrupt subclass.
   """The user interrupted the run (Ctrl-C); `completed_round` is the last checkpointed round."""
-
-  def __init__(self, completed_round: int):
-    super().__init__(f'interrupted after round {completed_round}')
-    self.completed_round = completed_round
 
 
 def sample_clients(num_clients: int, clients_per_round: int, seed: int, round_num: int) -> list:

@@ -210,7 +210,7 @@ def _curve_axes(axes: Sequence[str]) -> Tuple[List[str], List[str]]:
   """(axes told apart by line, axes told apart by panel): a panel compares algorithms and
   regularisers (with their own settings, e.g. --fedprox_mu) at one setting of everything else
   (the partition's --dirichlet_alpha, --client_lr, ...)."""
-  from tff_decorr.run import config  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config  # pylint: disable=g-import-not-at-top
   own = {spec.name for kind, _, spec in config.component_flag_specs()
          if kind in ('algorithm', 'regularizer')}
   columns = [a for a in axes if a != SEED]

@@ -30,8 +30,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from absl import flags
 
-from tff_decorr.run import cli
-from tff_decorr.run import config as config_lib
+from tff_decorr.configs import cli
+from tff_decorr.configs import config as config_lib
 from tff_decorr.run import run_dir
 
 MANIFEST = 'study.json'
@@ -207,7 +207,7 @@ def make_plan(grid: Mapping[str, Sequence[str]]) -> Plan:
   task's default regularisers (the embedded task: none and feddecorr), as bin/train does."""
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   component_of = _component_of_flag()
-  resumable_axes = [n for n, v in grid.items() if n in run_dir.RESUMABLE_KEYS and len(v) > 1]
+  resumable_axes = [n for n, v in grid.items() if n in config_lib.RESUMABLE_KEYS and len(v) > 1]
   cells: List[Cell] = []
   errors: List[str] = []
   names = set()

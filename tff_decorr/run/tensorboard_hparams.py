@@ -38,7 +38,7 @@ _EVENTS = 'events.out.tfevents.*'
 
 
 def _flag_names() -> Dict[Tuple[str, str], str]:
-  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   return {(component, spec.field): spec.name
           for _, component, spec in config_lib.component_flag_specs()}
 

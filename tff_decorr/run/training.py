@@ -22,7 +22,7 @@ import tensorflow_federated as tff
 from tff_decorr.federated import aggregation
 from tff_decorr.models import precision
 from tff_decorr.run import client_state
-from tff_decorr.run import config as config_lib
+from tff_decorr.configs import config as config_lib
 from tff_decorr.run import experiment
 from tff_decorr.run import personalized
 from tff_decorr.run import phases
@@ -120,12 +120,12 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
           log=print, timer: Optional[phases.Phases] = None) -> Optional[dict]:
   """Runs (or resumes) one configuration in `config.output_dir`; returns its summary.
 
-  `config` comes from `tff_decorr.run.config.resolve` (what bin/train does with its flags) or is
+  `config` comes from `tff_decorr.configs.config.resolve` (what bin/train does with its flags) or is
   built directly. Re-running with the same configuration resumes after the last completed round.
   Returns None when the directory already holds more rounds than `config.rounds`. Raises
   ValueError (bad settings, unusable directory, program.CheckpointError), program.NonFiniteError,
   program.DiskFullError, program.Interrupted.
-  Exit codes and messages of these are mapped by `tff_decorr.run.cli.run_guarded`.
+  Exit codes and messages of these are mapped by `tff_decorr.configs.cli.run_guarded`.
   `timer` (a phases.Phases, e.g. holding bin/train's start-up) is given this run's phases; they are
   logged at the end and written to summary.json as `phases_s`.
   """
