@@ -35,10 +35,18 @@ _OLD_TO_NEW = {f'tff_decorr.{m}': f'tff_decorr.{p}.{m}' for p, ms in _MOVED.item
 # program (run/{config,deprecated_flags,cli}.py -> configs/). Their flat paths follow them.
 for _m in ('config', 'deprecated_flags', 'cli'):
   _OLD_TO_NEW[f'tff_decorr.run.{_m}'] = _OLD_TO_NEW[f'tff_decorr.{_m}'] = f'tff_decorr.configs.{_m}'
+# ... and a run directory's files, between the configuration and the run program that writes them
+# (run/{run_dir,checkpoint_files,client_state,privacy_ledger,graph_check,export,
+# tensorboard_hparams}.py -> run_files/); the flat paths of those that had one follow them.
+for _m in ('run_dir', 'checkpoint_files', 'client_state', 'privacy_ledger', 'graph_check', 'export',
+           'tensorboard_hparams'):
+  _OLD_TO_NEW[f'tff_decorr.run.{_m}'] = f'tff_decorr.run_files.{_m}'
+  if f'tff_decorr.{_m}' in _OLD_TO_NEW:
+    _OLD_TO_NEW[f'tff_decorr.{_m}'] = f'tff_decorr.run_files.{_m}'
 # Moved after 1c5fa3b: tf_env from run/ to the package root (run/tf_env.py -> tf_env.py).
 _OLD_TO_NEW['tff_decorr.run.tf_env'] = 'tff_decorr.tf_env'
 # Moved after 1c5fa3b: collapse_tracking from collapse/ to run/ (the run program's round-end hook,
-# importing run/export); its flat path follows it.
+# importing run_files/export); its flat path follows it.
 _OLD_TO_NEW['tff_decorr.collapse_tracking'] = 'tff_decorr.run.collapse_tracking'
 _OLD_TO_NEW['tff_decorr.collapse.collapse_tracking'] = 'tff_decorr.run.collapse_tracking'
 # Moved after 1c5fa3b: learning from federated/ to runtimes/ (the tff.learning face over
@@ -182,6 +190,7 @@ _LAYERS = (
     ('runtimes', ('tff_decorr.runtimes',)),  # rounds; its faces tff_runtime, tf_runtime, learning.
     ('collapse', ('tff_decorr.collapse',)),
     ('configs', ('tff_decorr.configs',)),  # config, deprecated_flags, cli.
+    ('run_files', ('tff_decorr.run_files',)),  # run_dir, checkpoint_files, export, ...
     ('run', ('tff_decorr.run',)),
     # tff_decorr/__init__.py alone (no module under it): tff_decorr.train is run.training's, and the
     # MOVED finder reads configs.deprecated_flags.REMOVED_IN.
@@ -214,7 +223,8 @@ def _layer(dotted):
 
 
 def _module_name(path):
-  """tff_decorr/run/export.py -> tff_decorr.run.export; a package's __init__.py -> the package."""
+  """tff_decorr/run/training.py -> tff_decorr.run.training; a package's __init__.py -> the
+  package."""
   parts = os.path.relpath(path, testutil.REPO_ROOT)[:-len('.py')].split(os.sep)
   return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
 
@@ -298,14 +308,15 @@ class LayersTest(absltest.TestCase):
               'from tff_decorr.lazy import lazy_submodules\n'
               'from tff_decorr import lazy_submodules\n'
               'def f():\n'
-              '  from tff_decorr.run import export\n'
+              '  from tff_decorr.run import training\n'
               '  from tff_decorr import train\n'
               '  from tff_decorr.federated import learning\n')
     self.assertEqual(_upward_imports(path, source), [
         'tff_decorr/collapse/analysis.py:4: `from tff_decorr import lazy_submodules` goes up, from '
         'the collapse layer (tff_decorr.collapse.analysis) to the package layer (tff_decorr)',
-        'tff_decorr/collapse/analysis.py:6: `from tff_decorr.run import export` goes up, from the '
-        'collapse layer (tff_decorr.collapse.analysis) to the run layer (tff_decorr.run.export)',
+        'tff_decorr/collapse/analysis.py:6: `from tff_decorr.run import training` goes up, from '
+        'the collapse layer (tff_decorr.collapse.analysis) to the run layer '
+        '(tff_decorr.run.training)',
         'tff_decorr/collapse/analysis.py:7: `from tff_decorr import train` goes up, from the '
         'collapse layer (tff_decorr.collapse.analysis) to the package layer (tff_decorr)',
         'tff_decorr/collapse/analysis.py:8: `from tff_decorr.federated import learning` names the '

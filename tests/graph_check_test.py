@@ -16,8 +16,8 @@ import numpy as np
 import tensorflow as tf
 
 from tff_decorr import models
-from tff_decorr.run import export
-from tff_decorr.run import graph_check
+from tff_decorr.run_files import export
+from tff_decorr.run_files import graph_check
 from tff_decorr.run import program
 
 
@@ -130,8 +130,8 @@ class RefusedTest(absltest.TestCase):
 class ProjectExportsTest(absltest.TestCase):
   """Every model, in both precisions, plain and with the variants that add operations
   (decomposed convolutions, a projection head), passes; so do a Keras object's SavedModel and a
-  checkpoint in TFF's SavedModel format. `python -m tff_decorr.run.graph_check --check` runs the
-  full product (each variant in each precision, each also as a Keras object)."""
+  checkpoint in TFF's SavedModel format. `python -m tff_decorr.run_files.graph_check --check` runs
+  the full product (each variant in each precision, each also as a Keras object)."""
 
   @classmethod
   def setUpClass(cls):

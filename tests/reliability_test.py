@@ -27,11 +27,11 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import client_data
-from tff_decorr.run import checkpoint_files
+from tff_decorr.run_files import checkpoint_files
 from tff_decorr.configs import cli
-from tff_decorr.run import client_state
+from tff_decorr.run_files import client_state
 from tff_decorr.run import program
-from tff_decorr.run import run_dir
+from tff_decorr.run_files import run_dir
 from tests import testutil
 
 
@@ -461,8 +461,9 @@ class RunDirTest(absltest.TestCase):
 
   def test_a_directory_locked_by_another_process_is_refused_naming_its_pid(self):
     os.makedirs(self.out)
-    code = ('import sys, time; sys.path.insert(0, sys.argv[1]); from tff_decorr.run import run_dir; '
-            'run_dir.lock(sys.argv[2]); print("locked", flush=True); time.sleep(60)')
+    code = ('import sys, time; sys.path.insert(0, sys.argv[1]); '
+            'from tff_decorr.run_files import run_dir; run_dir.lock(sys.argv[2]); '
+            'print("locked", flush=True); time.sleep(60)')
     holder = subprocess.Popen([sys.executable, '-c', code, testutil.REPO_ROOT, self.out],
                               stdout=subprocess.PIPE, text=True)
     try:

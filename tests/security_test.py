@@ -19,9 +19,9 @@ import numpy as np
 import tensorflow as tf
 
 from tff_decorr.algorithms import testing
-from tff_decorr.run import client_state
-from tff_decorr.run import export
-from tff_decorr.run import graph_check
+from tff_decorr.run_files import client_state
+from tff_decorr.run_files import export
+from tff_decorr.run_files import graph_check
 from tff_decorr.run import program
 from tff_decorr.run import report
 

@@ -1,5 +1,5 @@
-"""TensorBoard HParams of a run and of a study (tff_decorr/run/tensorboard_hparams.py), read back
-from the event files by tests/testutil.py, which parses the hparams plugin's protobuf itself.
+"""TensorBoard HParams of a run and of a study (tff_decorr/run_files/tensorboard_hparams.py), read
+back from the event files by tests/testutil.py, which parses the hparams plugin's protobuf itself.
 
 The end-to-end check (bin/study's root config and each bin/train run's values and final metrics in
 a real study) is in tests/report_test.py, which has a study at hand.
@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tests import testutil
 from tff_decorr.configs import config as config_lib
-from tff_decorr.run import tensorboard_hparams
+from tff_decorr.run_files import tensorboard_hparams
 
 
 def _config(**values):

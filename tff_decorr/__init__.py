@@ -25,10 +25,13 @@ from tff_decorr.lazy import lazy_submodules
 __version__ = '0.2.0'
 
 # The modules of 0.2.0's run/ that left it when run/ was split by concern, each -> its module
-# today: the configuration a layer below the run program (configs/).
+# today: the configuration a layer below the run program (configs/), and a run directory's files
+# between the two (run_files/).
 _RUN_SPLIT = {
-    'config': 'configs.config', 'deprecated_flags': 'configs.deprecated_flags',
-    'cli': 'configs.cli',
+    **{m: f'configs.{m}' for m in ('config', 'deprecated_flags', 'cli')},
+    **{m: f'run_files.{m}' for m in ('run_dir', 'checkpoint_files', 'client_state',
+                                      'privacy_ledger', 'graph_check', 'export',
+                                      'tensorboard_hparams')},
 }
 
 # Old module path (before the subpackage regroup, commit 1c5fa3b, or 0.2.0's path in run/) -> its
@@ -44,7 +47,7 @@ MOVED = {
     # lower layer must not import from run/. Its flat path of before 1c5fa3b is its path again.
     'tff_decorr.run.tf_env': 'tff_decorr.tf_env',
     # Moved up a layer later (commit 4eaf560): the run program's round-end hook, which
-    # imports run/export; collapse/ keeps the measurements (analysis, plots) and imports nothing
+    # imports export; collapse/ keeps the measurements (analysis, plots) and imports nothing
     # above.
     'tff_decorr.collapse_tracking': 'tff_decorr.run.collapse_tracking',
     'tff_decorr.collapse.collapse_tracking': 'tff_decorr.run.collapse_tracking',

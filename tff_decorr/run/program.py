@@ -43,12 +43,12 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_decorr.configs import cli
-from tff_decorr.run import checkpoint_files
-from tff_decorr.run import graph_check
+from tff_decorr.run_files import checkpoint_files
+from tff_decorr.run_files import graph_check
 from tff_decorr.run import phases as phases_lib
 from tff_decorr.run import personalized
-from tff_decorr.run import run_dir
-from tff_decorr.run import tensorboard_hparams
+from tff_decorr.run_files import run_dir
+from tff_decorr.run_files import tensorboard_hparams
 
 
 class CheckpointError(ValueError):
@@ -427,8 +427,9 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
   Args:
     runtime: object with `initialize()` and `run_round(server_state, client_inputs, client_states)`.
     algorithm: gives `global_weights(server_state)` and `initial_client_state(weights)`.
-    store: the per-client state store (`tff_decorr.run.client_state.ClientStateStore`); its manifest
-      is saved beside each checkpoint so a resumed run sees exactly that round's client states.
+    store: the per-client state store (`tff_decorr.run_files.client_state.ClientStateStore`); its
+      manifest is saved beside each checkpoint so a resumed run sees exactly that round's client
+      states.
     evaluate_fn: (server state, round) -> dict of test metrics: scalars ('test_accuracy' is the
       headline: the global model's, or for a personalised algorithm the clients' own models'
       mean) and optionally 'per_client_test_accuracy' (a list in client-id order, written to the

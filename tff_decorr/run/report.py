@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from tff_decorr.collapse import plots
-from tff_decorr.run import run_dir as run_dir_lib
+from tff_decorr.run_files import run_dir as run_dir_lib
 from tff_decorr.run import run_spectra
 from tff_decorr.run import study
 
@@ -333,7 +333,7 @@ def _compute_measures(run: Run, datasets: Dict[tuple, Any], data_dir: Optional[s
   """run_spectra.compute for `run`, its task's test split loaded once per (task, data dir)."""
   # TensorFlow only when there is something to load: the table and curves need none.
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import export  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run_files import export  # pylint: disable=g-import-not-at-top
   config = run.config or (run.summary or {}).get('config') or {}
   task = task_registry.get(config.get('task', 'digits'))
   where = (task.name, data_dir or config.get('data_dir') or None)

@@ -32,7 +32,7 @@ from absl import flags
 
 from tff_decorr.configs import cli
 from tff_decorr.configs import config as config_lib
-from tff_decorr.run import run_dir
+from tff_decorr.run_files import run_dir
 
 MANIFEST = 'study.json'
 MANIFEST_VERSION = 1
@@ -322,7 +322,7 @@ def write_tensorboard_config(study_dir: str, plan: Plan) -> str:
   """The study's HParams experiment at its root (tensorboard_hparams.write_study): its axes with
   the values of its runs' resolved configurations, so `tensorboard --logdir=<study_dir>` shows
   the grid. Returns the event file written."""
-  from tff_decorr.run import tensorboard_hparams  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run_files import tensorboard_hparams  # pylint: disable=g-import-not-at-top
   return tensorboard_hparams.write_study(study_dir, plan.axes,
                                          [c.config.to_dict() for c in plan.cells if c.config])
 

@@ -21,14 +21,14 @@ import tensorflow_federated as tff
 
 from tff_decorr.federated import aggregation
 from tff_decorr.models import precision
-from tff_decorr.run import client_state
+from tff_decorr.run_files import client_state
 from tff_decorr.configs import config as config_lib
 from tff_decorr.run import experiment
 from tff_decorr.run import personalized
 from tff_decorr.run import phases
-from tff_decorr.run import privacy_ledger
+from tff_decorr.run_files import privacy_ledger
 from tff_decorr.run import program
-from tff_decorr.run import run_dir
+from tff_decorr.run_files import run_dir
 
 
 def _versions() -> dict:

@@ -4,7 +4,7 @@ Layout of a run directory:
   .lock                held (flock) by the process running it: one run per directory at a time
   config.json          the resolved configuration (flags + task defaults), written once every
                        check has passed, just before round 1
-  checkpoints/         program state, one version per round (run/checkpoint_files: round_N/state.npz)
+  checkpoints/         program state, one version per round (checkpoint_files: round_N/state.npz)
   client_states/       per-client state (FedBN BN, SCAFFOLD c_i, MOON previous model)
   metrics.csv          one row per round (tff.program.CSVFileReleaseManager)
   tensorboard/         the same metrics for TensorBoard
