@@ -23,7 +23,7 @@ from tff_decorr.run_files import client_state
 from tff_decorr.run_files import export
 from tff_decorr.run_files import graph_check
 from tff_decorr.run import program
-from tff_decorr.run import report
+from tff_decorr.studies import report
 
 _MARKER = os.path.join(tempfile.gettempdir(), f'security_test_pickle_ran_{os.getpid()}')
 

@@ -25,13 +25,14 @@ from tff_decorr.lazy import lazy_submodules
 __version__ = '0.2.0'
 
 # The modules of 0.2.0's run/ that left it when run/ was split by concern, each -> its module
-# today: the configuration a layer below the run program (configs/), and a run directory's files
-# between the two (run_files/).
+# today: the configuration a layer below the run program (configs/), a run directory's files
+# between the two (run_files/), and studies, grids of runs and their reports, above it (studies/).
 _RUN_SPLIT = {
     **{m: f'configs.{m}' for m in ('config', 'deprecated_flags', 'cli')},
     **{m: f'run_files.{m}' for m in ('run_dir', 'checkpoint_files', 'client_state',
                                       'privacy_ledger', 'graph_check', 'export',
                                       'tensorboard_hparams')},
+    **{m: f'studies.{m}' for m in ('study', 'report', 'run_spectra')},
 }
 
 # Old module path (before the subpackage regroup, commit 1c5fa3b, or 0.2.0's path in run/) -> its

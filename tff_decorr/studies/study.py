@@ -38,8 +38,8 @@ MANIFEST = 'study.json'
 MANIFEST_VERSION = 1
 RUNS = 'runs'
 LOGS = 'logs'
-# The repository root (this file is tff_decorr/run/study.py): children run `python -m bin.train` from there (through Bazel's runfiles
-# symlinks to the source tree, like tests/testutil.py).
+# The repository root (this file is tff_decorr/studies/study.py): children run `python -m bin.train`
+# from there (through Bazel's runfiles symlinks to the source tree, like tests/testutil.py).
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 # bin/train flags whose one value may hold commas (paths, host lists, id lists): given whole to
 # every cell, never split into a grid axis.
