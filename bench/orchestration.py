@@ -71,8 +71,8 @@ def log_device_placement(runner) -> str:
 
 
 def child():
-  from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
-  program.set_gpu_memory_growth()
+  from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
+  round_loop.set_gpu_memory_growth()
   machine = _common.machine()
   # The TFF runner first: TFF traces Keras models inside a graph, which invalidates Keras models
   # created earlier outside it (Keras 2.14); models created afterwards are unaffected.

@@ -49,6 +49,10 @@ for _m in ('study', 'report', 'run_spectra'):
   _OLD_TO_NEW[f'tff_decorr.run.{_m}'] = f'tff_decorr.studies.{_m}'
   if f'tff_decorr.{_m}' in _OLD_TO_NEW:
     _OLD_TO_NEW[f'tff_decorr.{_m}'] = f'tff_decorr.studies.{_m}'
+# ... and, in run/, two renamed for what they hold: experiment.py -> composition.py (a run's
+# pieces), program.py -> round_loop.py (where a round's metrics are written).
+for _m, _new in (('experiment', 'composition'), ('program', 'round_loop')):
+  _OLD_TO_NEW[f'tff_decorr.run.{_m}'] = _OLD_TO_NEW[f'tff_decorr.{_m}'] = f'tff_decorr.run.{_new}'
 # Moved after 1c5fa3b: tf_env from run/ to the package root (run/tf_env.py -> tf_env.py).
 _OLD_TO_NEW['tff_decorr.run.tf_env'] = 'tff_decorr.tf_env'
 # Moved after 1c5fa3b: collapse_tracking from collapse/ to run/ (the run program's round-end hook,
@@ -197,7 +201,7 @@ _LAYERS = (
     ('collapse', ('tff_decorr.collapse',)),
     ('configs', ('tff_decorr.configs',)),  # config, deprecated_flags, cli.
     ('run_files', ('tff_decorr.run_files',)),  # run_dir, checkpoint_files, export, ...
-    ('run', ('tff_decorr.run',)),  # training, experiment, program, ...
+    ('run', ('tff_decorr.run',)),  # training, composition, round_loop, ...
     ('studies', ('tff_decorr.studies',)),  # study, report, run_spectra.
     # tff_decorr/__init__.py alone (no module under it): tff_decorr.train is run.training's, and the
     # MOVED finder reads configs.deprecated_flags.REMOVED_IN.

@@ -26,13 +26,16 @@ __version__ = '0.2.0'
 
 # The modules of 0.2.0's run/ that left it when run/ was split by concern, each -> its module
 # today: the configuration a layer below the run program (configs/), a run directory's files
-# between the two (run_files/), and studies, grids of runs and their reports, above it (studies/).
+# between the two (run_files/), and studies, grids of runs and their reports, above it (studies/);
+# and two that stayed, renamed for what they hold (experiment: the run's composition; program: the
+# round loop, where a round's metrics are written).
 _RUN_SPLIT = {
     **{m: f'configs.{m}' for m in ('config', 'deprecated_flags', 'cli')},
     **{m: f'run_files.{m}' for m in ('run_dir', 'checkpoint_files', 'client_state',
                                       'privacy_ledger', 'graph_check', 'export',
                                       'tensorboard_hparams')},
     **{m: f'studies.{m}' for m in ('study', 'report', 'run_spectra')},
+    'experiment': 'run.composition', 'program': 'run.round_loop',
 }
 
 # Old module path (before the subpackage regroup, commit 1c5fa3b, or 0.2.0's path in run/) -> its
@@ -56,7 +59,7 @@ MOVED = {
     # of tff_runtime and tf_runtime; federated/ keeps the TFF machinery that runtimes/ imports.
     'tff_decorr.learning': 'tff_decorr.runtimes.learning',
     'tff_decorr.federated.learning': 'tff_decorr.runtimes.learning',
-    # 0.2.0's paths in run/ of the modules that left it (_RUN_SPLIT).
+    # 0.2.0's paths in run/ of the modules that left it or were renamed (_RUN_SPLIT).
     **{f'tff_decorr.run.{m}': f'tff_decorr.{new}' for m, new in _RUN_SPLIT.items()},
 }
 

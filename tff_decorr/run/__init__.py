@@ -1,7 +1,9 @@
-"""The run program: its composition (experiment), the round loop with checkpoints, metrics,
-evaluation and export (program, training, personalized, phases), and spectra tracked during
-training (collapse_tracking, over tff_decorr.collapse.analysis). The files it writes are a layer
-down (tff_decorr.run_files), its configuration another (tff_decorr.configs), and so is the
+"""The run program: a run from its configuration to its summary (training: `train`, also
+tff_decorr.train), the run's pieces composed from its configuration (composition), the round loop
+that trains, evaluates and writes each round's metrics, checkpoints and exports (round_loop), its
+parts (personalized: per-client evaluation; phases: wall time by phase), and spectra tracked
+during training (collapse_tracking, over tff_decorr.collapse.analysis). The files it writes are a
+layer down (tff_decorr.run_files), its configuration another (tff_decorr.configs), and so is the
 binaries' TensorFlow environment (tff_decorr.tf_env); studies of many runs are a layer up
 (tff_decorr.studies).
 

@@ -1,4 +1,5 @@
-"""The training program's round loop: sampling, checkpoints, metrics, evaluation, export.
+"""The training program's round loop: sampling, checkpoints, metrics, evaluation, export. A round's
+metrics are written here (`Metrics`: metrics.csv and TensorBoard), as are its checkpoint and export.
 
 It is independent of tasks, models and runtimes: it drives any runtime with `initialize()` and
 `run_round(server_state, client_inputs, client_states)` (the TFF iterative process and the in-process

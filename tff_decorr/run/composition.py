@@ -1,7 +1,8 @@
 """Composition: from a resolved configuration (tff_decorr.configs.config) to the pieces of a run:
-task data, model, regulariser, algorithm, runtime, evaluation and export. It sits above the registries (tasks,
-models, algorithms, regularizers, partitions), which know nothing of each other; the training
-program (tff_decorr.run.training), the benchmarks and the end-to-end tests share it.
+task data, model, regulariser, algorithm, runtime, evaluation and export (`Experiment`). It sits
+above the registries (tasks, models, algorithms, regularizers, partitions), which know nothing of
+each other; the training program (tff_decorr.run.training), the benchmarks and the end-to-end tests
+share it. It runs no round: the round loop is tff_decorr.run.round_loop.
 """
 
 from __future__ import annotations
