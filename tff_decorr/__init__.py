@@ -4,15 +4,17 @@
 `tff_decorr.train(tff_decorr.configs.config.make(task='digits', algorithm='fedprox',
 fedprox_mu=1e-3))`.
 
-Layers, lowest first (docs/DESIGN.md): components (hparams, tf_env, regularizers, partitions,
+Layers, lowest first (docs/DESIGN.md): components (hparams, tf_env, regularizers, partitions, lazy,
 models/, algorithms/), the TFF machinery (federated/), the round and its runtimes, the tff.learning
-face among them (runtimes/), collapse measurement (collapse/), the run's configuration (configs/)
-and the run program (run/).
+face among them (runtimes/), collapse measurement (collapse/), a run's configuration (configs/), a
+run directory's files (run_files/), the run program that writes them (run/) and studies of many
+runs (studies/).
 Submodules are imported on first use, so importing the package itself does not import TensorFlow.
 
 The flat module paths used before the subpackages (`tff_decorr.config`, `from tff_decorr import
-learning`, ...; `MOVED`) still import, as the very module of the new path, with a
-DeprecationWarning naming it, until release `deprecated_flags.REMOVED_IN` (docs/api.md).
+learning`, ...) and 0.2.0's paths in run/ (`tff_decorr.run.config`, ...; `MOVED`) still import, as
+the very module of the new path, with a DeprecationWarning naming it, until release
+`deprecated_flags.REMOVED_IN` (docs/api.md).
 """
 
 import atexit
