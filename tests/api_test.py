@@ -122,6 +122,15 @@ class OldPathsTest(absltest.TestCase):
   def test_table_is_the_regroup(self):
     self.assertEqual(tff_decorr.MOVED, _OLD_TO_NEW)
 
+  def test_each_old_path_names_a_module_of_today(self):
+    """No chains: an old path leads straight to a module in the source tree, never to another old
+    path (tff_decorr.config -> tff_decorr.configs.config, not -> tff_decorr.run.config)."""
+    for old, new in tff_decorr.MOVED.items():
+      with self.subTest(old=old):
+        self.assertNotIn(new, tff_decorr.MOVED)
+        self.assertTrue(_is_module(new), new)
+        self.assertFalse(_is_module(old), old)  # A real module would win over the alias.
+
   def _check_warning(self, caught, old, new):
     ours = [w for w in caught if issubclass(w.category, DeprecationWarning) and
             old in str(w.message)]
