@@ -43,13 +43,13 @@ def cache_dir() -> str:
 class Runner:
   """One variant: its Experiment, runtime, server state and client states; `step()` times a round.
 
-  Rounds sample clients exactly as tff_decorr.run.program.run does (sample_clients, client_seed), so
-  each variant sees the same clients, data order and augmentation in the same round."""
+  Rounds sample clients exactly as tff_decorr.run.round_loop.run does (sample_clients, client_seed),
+  so each variant sees the same clients, data order and augmentation in the same round."""
 
   def __init__(self, config):
-    from tff_decorr.run import experiment  # pylint: disable=g-import-not-at-top
-    from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
-    self.exp = experiment.Experiment(config, log=lambda s: None)
+    from tff_decorr.run import composition  # pylint: disable=g-import-not-at-top
+    from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
+    self.exp = composition.Experiment(config, log=lambda s: None)
     self.exp.prepare_client_data()
     self.runtime = self.exp.runtime()
     self.state = self.runtime.initialize()
@@ -58,12 +58,13 @@ class Runner:
     self.client_states = [alg.initial_client_state(init) for _ in range(config.num_clients)]
     self.round = 0
     self.metrics = None  # The last round's metrics (bytes_up, aggregator measurements, ...).
-    self._program = program
+    self._round_loop = round_loop
 
   def inputs(self):
     c = self.exp.config
-    ids = self._program.sample_clients(c.num_clients, c.clients_per_round, c.seed, self.round + 1)
-    inputs = [(str(i), self._program.client_seed(c.seed, self.round + 1, i)) for i in ids]
+    ids = self._round_loop.sample_clients(c.num_clients, c.clients_per_round, c.seed,
+                                          self.round + 1)
+    inputs = [(str(i), self._round_loop.client_seed(c.seed, self.round + 1, i)) for i in ids]
     return ids, inputs
 
   def step(self):

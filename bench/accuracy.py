@@ -23,7 +23,7 @@ from absl import flags
 # from graph tensors: "'SymbolicTensor' object has no attribute 'node'").
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
-from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
 from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS

@@ -33,7 +33,7 @@ from bench import step_speed
 from tasks import registry
 from tff_decorr import data_options
 from tff_decorr import models
-from tff_decorr.run import export
+from tff_decorr.run_files import export
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer('blocks', 40, 'Client-step blocks per variant.', lower_bound=1)

@@ -30,8 +30,8 @@ import tensorflow as tf  # Before absl app.run (as bench/accuracy.py); also read
 
 from bench import _common
 from bench import settings as bench_settings
-from tff_decorr.run import config as config_lib
-from tff_decorr.run import program
+from tff_decorr.configs import config as config_lib
+from tff_decorr.run import round_loop
 from tff_decorr.run import training
 
 FLAGS = flags.FLAGS
@@ -77,7 +77,7 @@ def main(argv):
           acc = json.load(f)['final_test_accuracy']
         min_var = _min_moving_variance(out)
         note = f'smallest moving variance {min_var:.3g}'
-      except program.NonFiniteError as e:
+      except round_loop.NonFiniteError as e:
         acc, note = 0.0, f'non-finite: {e}'
       accs.append(acc)
       notes.append(note)

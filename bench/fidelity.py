@@ -59,7 +59,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
 from bench import reference_main  # pylint: disable=g-import-not-at-top
 from bench import settings  # pylint: disable=g-import-not-at-top
-from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
 from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
 from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
 

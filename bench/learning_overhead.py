@@ -26,15 +26,15 @@ between the variants:
                        compression, secure, dp in the project's TFF runtime (bench._common.Runner
                        over config.make(aggregator=...)), with the settings above
 
-Each round samples clients with tff_decorr.run.program.sample_clients, so every variant trains the same
-clients on the same shards in the same round (the LearningProcess keys each client's shuffle on
-its own stateless function of (seed, round, client id), so the order of examples inside a client
-may differ from the runtime's; the amount of work does not). The first round of each variant
-(tracing, compiling, loading into the worker) is reported separately and excluded. Then, per
-repeat, each variant's round time is divided by the `runtime` round of the same repeat (measured
-back to back), for wall time and for CPU time (this process plus its worker_binary child), and the
-ratios are reported as min / median / max over the repeats (bench/_common.py explains why the CPU
-ratio is the steadier one on a shared machine).
+Each round samples clients with tff_decorr.run.round_loop.sample_clients, so every variant trains
+the same clients on the same shards in the same round (the LearningProcess keys each client's
+shuffle on its own stateless function of (seed, round, client id), so the order of examples inside a
+client may differ from the runtime's; the amount of work does not). The first round of each variant
+(tracing, compiling, loading into the worker) is reported separately and excluded. Then, per repeat,
+each variant's round time is divided by the `runtime` round of the same repeat (measured back to
+back), for wall time and for CPU time (this process plus its worker_binary child), and the ratios
+are reported as min / median / max over the repeats (bench/_common.py explains why the CPU ratio is
+the steadier one on a shared machine).
 
 Bytes sent per round by all sampled clients are recorded too: for the process variants from the
 process's metrics, `aggregator/bytes_up` (what the aggregator's wire format sends, from TFF's own
@@ -94,7 +94,7 @@ flags.DEFINE_string('output_name', '', 'Name of the JSON in bench/results (defau
 def config(aggregator: str = 'mean'):
   """The configuration every variant shares (the process variants reuse the baseline's
   Experiment; runtime_<aggregator> is bin/train's --aggregator=<aggregator>)."""
-  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   digits = FLAGS.task == 'digits'
   settings = {}
   if aggregator == 'dp':
@@ -159,7 +159,7 @@ class ProcessRunner:
 
   def __init__(self, base: RuntimeRunner, model_aggregator):
     from tff_decorr.runtimes import learning  # pylint: disable=g-import-not-at-top
-    from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
+    from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
     exp = base.exp
     c = exp.config
     self.config = c
@@ -171,12 +171,13 @@ class ProcessRunner:
     self.state = self.process.initialize()
     self.metrics = None
     self.round = 0
-    self._program = program
+    self._round_loop = round_loop
 
   def step(self):
     """Runs one round; returns (wall seconds, CPU seconds) of it."""
     c = self.config
-    ids = self._program.sample_clients(c.num_clients, c.clients_per_round, c.seed, self.round + 1)
+    ids = self._round_loop.sample_clients(c.num_clients, c.clients_per_round, c.seed,
+                                          self.round + 1)
     client_ids = [str(i) for i in ids]
     self.round += 1
     c0 = _common.cpu_seconds()

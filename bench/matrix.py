@@ -81,7 +81,7 @@ def unvalidated(settings: dict):
   give it, skipping `config.make`'s validation: the same combination resolved with the plain sum
   and the aggregator put back afterwards, with its settings."""
   from tff_decorr.federated import aggregation  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   base = {k: v for k, v in settings.items() if not k.startswith(settings['aggregator'] + '_')}
   c = config_lib.make(**{**base, 'aggregator': 'mean', 'runtime': 'tff'})
   hparams = {k: v for k, v in c.hparams.items() if k != 'mean'}
@@ -106,9 +106,9 @@ def refused_by_program(settings: dict, out: str) -> str:
 
 
 def run_cell(algorithm: str, aggregator: str, runtime: str, seeds, root: str) -> dict:
-  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
   out = os.path.join(root, f'{algorithm}-{aggregator}-{runtime}')
   try:
@@ -131,7 +131,7 @@ def run_cell(algorithm: str, aggregator: str, runtime: str, seeds, root: str) ->
     except ValueError as e:  # Refused when the pieces were built (process construction).
       return {'status': 'refused', 'stage': 'process', 'reason': str(e),
               'nothing_written': not os.path.exists(config.output_dir)}
-    except program.NonFiniteError as e:
+    except round_loop.NonFiniteError as e:
       runs.append({'seed': seed, 'final_test_accuracy': None, 'finite': False, 'error': str(e),
                    'wall_s': time.time() - t0})
       continue

@@ -46,7 +46,7 @@ flags.DEFINE_string('child_pid_file', '', 'Internal: run the benchmark in this p
 
 
 def config(runtime: str):
-  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   return config_lib.make(
       task=FLAGS.task, data_dir=os.path.abspath(FLAGS.data_dir) if FLAGS.task != 'digits' else '',
       model=FLAGS.model, algorithm='fedavg', regularizer='none', local_epochs=FLAGS.local_epochs,
@@ -71,8 +71,8 @@ def log_device_placement(runner) -> str:
 
 
 def child():
-  from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
-  program.set_gpu_memory_growth()
+  from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
+  round_loop.set_gpu_memory_growth()
   machine = _common.machine()
   # The TFF runner first: TFF traces Keras models inside a graph, which invalidates Keras models
   # created earlier outside it (Keras 2.14); models created afterwards are unaffected.

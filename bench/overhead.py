@@ -56,7 +56,7 @@ VARIANTS = {
 
 
 def config(**kw):
-  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   paper = FLAGS.scale == 'paper'
   base = dict(task='cifar10', data_dir=os.path.abspath(FLAGS.data_dir),
               model='mobilenet_v2_cifar' if paper else 'small_cnn',
@@ -72,8 +72,8 @@ def config(**kw):
 def main(argv):
   del argv
   _common.check_flags(FLAGS.variants, VARIANTS, FLAGS.repeats)
-  from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
-  program.set_gpu_memory_growth()
+  from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
+  round_loop.set_gpu_memory_growth()
   machine = _common.machine()
   names = ['fedavg'] + [v for v in FLAGS.variants if v != 'fedavg']
   workers_before = _common.worker_pids()

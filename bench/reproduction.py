@@ -251,7 +251,7 @@ def _late_rounds_table(runs, path: str) -> None:
   (docs/reproduction.md), so the last round's accuracy depends on which phase it falls in; a
   mean over whole periods does not.
   """
-  from tff_decorr.run import report  # pylint: disable=g-import-not-at-top
+  from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
   total = settings.REPRODUCTION['rounds']
   first = total - total // 3 + 1
   lines = [f'| run | seed | rounds | final | best | mean, rounds {first}-{total} | '
@@ -281,8 +281,8 @@ def _late_rounds_table(runs, path: str) -> None:
 
 def _figures() -> None:
   from tff_decorr.collapse import plots  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import report  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import study  # pylint: disable=g-import-not-at-top
+  from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
+  from tff_decorr.studies import study  # pylint: disable=g-import-not-at-top
   docs = os.path.join(_ROOT, 'docs', 'reproduction', variant())
   os.chdir(_ROOT)  # The page names the archive by its path in the repository.
   written = report.build(os.path.relpath(archive_dir(), _ROOT), os.path.join(docs, 'report'),

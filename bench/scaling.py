@@ -13,11 +13,11 @@ minimum from 10,000 images at any useful skew, and an IID split of the whole tra
 population would shrink every client's data as the population grows, so rounds would not be
 comparable.)
 
-Each setting runs in a fresh subprocess through the project's training loop (tff_decorr.run.program.run:
-client sampling, the per-client state store, a checkpoint every round), FedAvg + FedDecorr with
-small_cnn; evaluation and export are skipped, so the round time is the federated round plus saving
-the sampled clients' states. Peak RSS is the subprocess's ru_maxrss; under --runtime=tff the TFF
-worker's resident set, sampled after every round, is reported too.
+Each setting runs in a fresh subprocess through the project's training loop
+(tff_decorr.run.round_loop.run: client sampling, the per-client state store, a checkpoint every
+round), FedAvg + FedDecorr with small_cnn; evaluation and export are skipped, so the round time is
+the federated round plus saving the sampled clients' states. Peak RSS is the subprocess's ru_maxrss;
+under --runtime=tff the TFF worker's resident set, sampled after every round, is reported too.
 Writes bench/results/scaling_<runtime>.json.
 """
 
@@ -59,11 +59,11 @@ def child(pop: int, out: str) -> None:
   """One setting: writes out/result.json."""
   import psutil  # pylint: disable=g-import-not-at-top
   from tasks import client_data  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import client_state  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import experiment  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run_files import client_state  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import composition  # pylint: disable=g-import-not-at-top
   from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
 
   k = FLAGS.examples_per_client
   config = config_lib.make(
@@ -71,7 +71,7 @@ def child(pop: int, out: str) -> None:
       algorithm='fedavg', regularizer='feddecorr', feddecorr_beta=0.1, partition='iid', num_clients=pop,
       clients_per_round=FLAGS.per_round, rounds=FLAGS.rounds, local_epochs=1, batch_size=64,
       seed=0, runtime=FLAGS.runtime, output_dir=out)
-  exp = experiment.Experiment(config, log=lambda s: None)
+  exp = composition.Experiment(config, log=lambda s: None)
   images, labels, _ = exp.task.load_split('train', config.data_dir)
   if pop * k > len(labels):
     raise ValueError(f'--populations: {pop} clients x --examples_per_client={k} is more than the '
@@ -97,10 +97,10 @@ def child(pop: int, out: str) -> None:
     if rss:
       worker_rss.append(max(rss))
 
-  loop = program.LoopConfig(rounds=config.rounds, num_clients=pop,
+  loop = round_loop.LoopConfig(rounds=config.rounds, num_clients=pop,
                             clients_per_round=config.clients_per_round, seed=0,
                             eval_every=config.rounds)
-  program.run(runtime=runtime, algorithm=exp.algorithm, store=store, loop=loop, output_dir=out,
+  round_loop.run(runtime=runtime, algorithm=exp.algorithm, store=store, loop=loop, output_dir=out,
               evaluate_fn=lambda s, r: {}, export_fn=lambda *args: None,
               on_round_end=on_round_end, log=lambda s: None)
   with open(os.path.join(out, 'metrics.csv')) as f:

@@ -244,7 +244,7 @@ def cell_key(name: str, settings: Dict[str, Any]) -> str:
 
 
 def make_config(name: str, settings: Dict[str, Any], seed: int, rounds: int, output_dir: str):
-  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   return config_lib.make(
       **SETTING, algorithm=name, rounds=rounds, eval_every=rounds, seed=seed,
       **{f'{name}_{k}': v for k, v in settings.items()},
@@ -266,7 +266,7 @@ def _server_means(run_dir: str) -> Dict[str, float]:
 def run_cell(name: str, settings: Dict[str, Any], seeds: Sequence[int], rounds: int,
              output_dir: str) -> Dict[str, Any]:
   """Trains the cell once a seed (finished runs are read back); its results."""
-  from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
   accs, notes, seconds, server = [], [], [], []
   for seed in seeds:
@@ -278,7 +278,7 @@ def run_cell(name: str, settings: Dict[str, Any], seeds: Sequence[int], rounds: 
         with open(os.path.join(config.output_dir, 'summary.json')) as f:
           summary = json.load(f)
       acc, note = float(summary['final_test_accuracy']), ''
-    except program.NonFiniteError as e:
+    except round_loop.NonFiniteError as e:
       acc, note = 0.0, f'non-finite: {str(e)[:200]}'
     seconds.append(time.time() - t0)
     accs.append(acc)

@@ -8,7 +8,8 @@ r"""Dimensional-collapse analysis of exported models: spectra CSV, JSON summary 
     --local_saved_model=runs/x/client0 --global_saved_model=runs/x --output_dir=analysis/lg
 
 Each --saved_model is a SavedModel directory or a run directory holding `export/saved_model`
-(contract in tff_decorr/run/export.py). The covariance of its representations over the task's test split
+(contract in tff_decorr/run_files/export.py). The covariance of its representations over the task's
+test split
 is accumulated batch by batch (tff_decorr/collapse/analysis.py); quantities are defined in docs/analysis.md.
 Writes <output_dir>/spectra.csv (one column per run), summary.json, spectra.png and, for the
 local/global pair, local_global.csv and local_vs_global.png. Bad input exits with code 2 and a
@@ -31,8 +32,8 @@ from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top  (before TF
 if __name__ == '__main__':
   tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
 from tff_decorr.collapse import analysis
-from tff_decorr.run import cli
-from tff_decorr.run import export
+from tff_decorr.configs import cli
+from tff_decorr.run_files import export
 from tff_decorr.collapse import plots
 
 _SAVED_MODEL = flags.DEFINE_string(

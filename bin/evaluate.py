@@ -29,7 +29,7 @@ if __name__ == '__main__':
 # Keras 2.14 builds functional models from graph tensors and fails ("SymbolicTensor ... node").
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
-from tff_decorr.run import cli  # pylint: disable=g-import-not-at-top
+from tff_decorr.configs import cli  # pylint: disable=g-import-not-at-top
 from tff_decorr.run import personalized  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
@@ -50,7 +50,7 @@ def evaluate_saved_model(saved_model: str, task_name, data_dir, batch_size: int,
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import export  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run_files import export  # pylint: disable=g-import-not-at-top
   from tff_decorr.collapse import plots  # pylint: disable=g-import-not-at-top
 
   run_root = saved_model if os.path.isdir(os.path.join(saved_model, 'export')) else None
@@ -101,7 +101,7 @@ def _confusion(fn, dataset, num_classes):
 def _per_client(run_root, task, data_dir, batch_size) -> dict:
   """Each exported client model on its own test data; the mean weighted by test examples."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import export  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run_files import export  # pylint: disable=g-import-not-at-top
   clients_dir = os.path.dirname(os.path.dirname(personalized.client_export_dir(run_root, 0)))
   ids = sorted((int(c) for c in os.listdir(clients_dir) if c.isdigit())
                if os.path.isdir(clients_dir) else [])

@@ -20,7 +20,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top  (before TF)
 if __name__ == '__main__':
   tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
-from tff_decorr.run import deprecated_flags  # pylint: disable=g-import-not-at-top
+from tff_decorr.configs import deprecated_flags  # pylint: disable=g-import-not-at-top
 
 # Imported before app.run for the same reason as in bin/train (Keras/absl start-up order).
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
@@ -29,7 +29,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string('task', 'digits', 'Task name.')
 flags.DEFINE_string('partition', 'dirichlet', 'dirichlet|pathological|iid|domain.')
 # The names bin/train uses; --alpha and --classes_per_client are their deprecated spellings, as
-# in bin/train, until tff_decorr.run.deprecated_flags.REMOVED_IN.
+# in bin/train, until tff_decorr.configs.deprecated_flags.REMOVED_IN.
 _DEPRECATED = ('alpha', 'classes_per_client')
 flags.DEFINE_float('dirichlet_alpha', 0.5, 'Dirichlet concentration (inf: IID).')
 flags.DEFINE_integer('pathological_classes_per_client', 2,

@@ -15,7 +15,8 @@ models), with --thresholds a table of the rounds each configuration took to reac
 accuracies, each figure also as .svg and .pdf, and report.html (all of it on one self-contained
 page). --archive_dir copies the finished runs' small files (spectra included) into a directory
 that this command reads back as a study. Unfinished runs are listed,
-never averaged in. Bad input exits 2 with one line naming the flag. Logic: tff_decorr/run/report.py.
+never averaged in. Bad input exits 2 with one line naming the flag. Logic:
+tff_decorr/studies/report.py.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ if __name__ == '__main__':
 # As in bin/train: TensorFlow imported before app.run (the spectra load SavedModels).
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
-from tff_decorr.run import cli  # pylint: disable=g-import-not-at-top
-from tff_decorr.run import report  # pylint: disable=g-import-not-at-top
-from tff_decorr.run import study  # pylint: disable=g-import-not-at-top
+from tff_decorr.configs import cli  # pylint: disable=g-import-not-at-top
+from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
+from tff_decorr.studies import study  # pylint: disable=g-import-not-at-top
 
 _STUDY_DIR = flags.DEFINE_string('study_dir', None, 'Directory of a bin/study study (holds '
                                  'study.json).')

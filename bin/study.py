@@ -14,7 +14,7 @@ run that cannot start, naming the flag). Runs go to <study_dir>/runs/<name>, the
 bin/report reads). Finished runs are skipped; re-running the same command resumes a killed study.
 --print_plan prints one shell command per run left (for xargs or a Slurm array) instead of running.
 Exit codes: 0 all runs done (or the plan printed), 2 bad flags, 3 a run failed (its log is named),
-130 interrupted. The logic is tff_decorr/run/study.py; docs/studies.md has the details.
+130 interrupted. The logic is tff_decorr/studies/study.py; docs/studies.md has the details.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ if __name__ == '__main__':
 # As in bin/train: TensorFlow imported before app.run (the configurations are resolved in here).
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
-from tff_decorr.run import cli  # pylint: disable=g-import-not-at-top
-from tff_decorr.run import study  # pylint: disable=g-import-not-at-top
+from tff_decorr.configs import cli  # pylint: disable=g-import-not-at-top
+from tff_decorr.studies import study  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
 _STUDY_DIR = flags.DEFINE_string('study_dir', None, 'Directory of the study: study.json, runs/, '

@@ -32,16 +32,16 @@ if __name__ == '__main__':
 # Keras 2.14 builds functional models from graph tensors and fails ("SymbolicTensor ... node").
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
-from tff_decorr.run import cli  # pylint: disable=g-import-not-at-top
+from tff_decorr.configs import cli  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
 
 
 def define_flags(fv: flags.FlagValues = FLAGS) -> None:
-  """Defines every flag on `fv` (tff_decorr.run.cli.define_train_flags: bin/study defines the same
-  flags on its own FlagValues to check each configuration of a grid as bin/train would)."""
+  """Defines every flag on `fv` (tff_decorr.configs.cli.define_train_flags: bin/study defines the
+  same flags on its own FlagValues to check each configuration of a grid as bin/train would)."""
   for name in cli.define_train_flags(fv):
-    # Defined in tff_decorr.run.cli; declared here so that --help lists them, as before.
+    # Defined in tff_decorr.configs.cli; declared here so that --help lists them, as before.
     flags.declare_key_flag(name, flag_values=fv)
   # bin/train's own (bin/study never starts a worker itself): not part of a run's configuration.
   flags.DEFINE_bool(
@@ -60,7 +60,7 @@ def resolve_configs(fv: flags.FlagValues = FLAGS) -> list:
 
 def run_header(config, requested_runtime: str) -> str:
   """The first line of a configuration's run: what runs where, and which runtime and why."""
-  from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   why = config_lib.choose_runtime(requested_runtime, config.workers, config.aggregator)[1]
   return (f'=== {config.task}: {config.algorithm} + {config.regularizer} -> {config.output_dir}  '
           f'(runtime {config.runtime}, {why})')

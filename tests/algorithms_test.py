@@ -22,9 +22,9 @@ from tff_decorr.algorithms import client_update
 from tff_decorr.algorithms import testing
 from tff_decorr.algorithms import workspace
 from tff_decorr.federated import tff_context
-from tff_decorr.run import config
-from tff_decorr.run import experiment
-from tff_decorr.run import program
+from tff_decorr.configs import config
+from tff_decorr.run import composition
+from tff_decorr.run import round_loop
 from tff_decorr.run import training
 from tff_decorr.runtimes import tf_runtime
 
@@ -802,8 +802,8 @@ def train_digits(name, rounds, tmp, **settings):
     tff_context.stop_all()
   with open(os.path.join(c.output_dir, 'metrics.csv')) as f:
     losses = [float(r['train_loss']) for r in csv.DictReader(f)]
-  alg = experiment.Experiment(c, log=lambda s: None).algorithm
-  saved = program.load_checkpoint(c.output_dir, alg.initial_server_state(alg.initial_weights()))
+  alg = composition.Experiment(c, log=lambda s: None).algorithm
+  saved = round_loop.load_checkpoint(c.output_dir, alg.initial_server_state(alg.initial_weights()))
   return summary, losses, saved['server_state'], alg
 
 
@@ -1025,11 +1025,11 @@ class ServerMetricsTest(tf.test.TestCase):
     with open(os.path.join(c.output_dir, 'metrics.csv')) as f:
       rows = list(csv.DictReader(f))
     # pylint: disable=protected-access
-    tb = program._tensorboard_rows(os.path.join(c.output_dir, 'tensorboard'), [1, 2])
-    alg = experiment.Experiment(c, log=lambda s: None).algorithm
-    structure = program._checkpoint_structure(alg.initial_server_state(alg.initial_weights()))
+    tb = round_loop._tensorboard_rows(os.path.join(c.output_dir, 'tensorboard'), [1, 2])
+    alg = composition.Experiment(c, log=lambda s: None).algorithm
+    structure = round_loop._checkpoint_structure(alg.initial_server_state(alg.initial_weights()))
     # pylint: enable=protected-access
-    manager = program.checkpoint_manager(c.output_dir)
+    manager = round_loop.checkpoint_manager(c.output_dir)
     states = {r: asyncio.run(manager.load(r, structure))['server_state'] for r in (1, 2)}
     return rows, tb, states
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 from bin import analyze
 from tests import testutil
 from tff_decorr.collapse import analysis
-from tff_decorr.run import export
+from tff_decorr.run_files import export
 from tff_decorr.collapse import plots
 
 _INPUT_SHAPE = (8, 8, 3)

@@ -20,7 +20,7 @@ from absl.testing import absltest
 
 import tff_decorr
 from tests import testutil
-from tff_decorr.run import deprecated_flags
+from tff_decorr.configs import deprecated_flags
 
 # Written out here, from `git show --stat 1c5fa3b` (tff_decorr/{ => <package>}/<module>.py), not
 # read from tff_decorr.MOVED: the test checks that table, not itself.
@@ -31,10 +31,32 @@ _MOVED = {
     'collapse': ['analysis', 'plots'],
 }
 _OLD_TO_NEW = {f'tff_decorr.{m}': f'tff_decorr.{p}.{m}' for p, ms in _MOVED.items() for m in ms}
+# Moved after 0.2.0, when run/ was split by concern: the configuration, a layer below the run
+# program (run/{config,deprecated_flags,cli}.py -> configs/). Their flat paths follow them.
+for _m in ('config', 'deprecated_flags', 'cli'):
+  _OLD_TO_NEW[f'tff_decorr.run.{_m}'] = _OLD_TO_NEW[f'tff_decorr.{_m}'] = f'tff_decorr.configs.{_m}'
+# ... and a run directory's files, between the configuration and the run program that writes them
+# (run/{run_dir,checkpoint_files,client_state,privacy_ledger,graph_check,export,
+# tensorboard_hparams}.py -> run_files/); the flat paths of those that had one follow them.
+for _m in ('run_dir', 'checkpoint_files', 'client_state', 'privacy_ledger', 'graph_check', 'export',
+           'tensorboard_hparams'):
+  _OLD_TO_NEW[f'tff_decorr.run.{_m}'] = f'tff_decorr.run_files.{_m}'
+  if f'tff_decorr.{_m}' in _OLD_TO_NEW:
+    _OLD_TO_NEW[f'tff_decorr.{_m}'] = f'tff_decorr.run_files.{_m}'
+# ... and studies, grids of runs and their reports, above the run program (run/{study,report,
+# run_spectra}.py -> studies/); the flat paths of study and report follow them.
+for _m in ('study', 'report', 'run_spectra'):
+  _OLD_TO_NEW[f'tff_decorr.run.{_m}'] = f'tff_decorr.studies.{_m}'
+  if f'tff_decorr.{_m}' in _OLD_TO_NEW:
+    _OLD_TO_NEW[f'tff_decorr.{_m}'] = f'tff_decorr.studies.{_m}'
+# ... and, in run/, two renamed for what they hold: experiment.py -> composition.py (a run's
+# pieces), program.py -> round_loop.py (where a round's metrics are written).
+for _m, _new in (('experiment', 'composition'), ('program', 'round_loop')):
+  _OLD_TO_NEW[f'tff_decorr.run.{_m}'] = _OLD_TO_NEW[f'tff_decorr.{_m}'] = f'tff_decorr.run.{_new}'
 # Moved after 1c5fa3b: tf_env from run/ to the package root (run/tf_env.py -> tf_env.py).
 _OLD_TO_NEW['tff_decorr.run.tf_env'] = 'tff_decorr.tf_env'
 # Moved after 1c5fa3b: collapse_tracking from collapse/ to run/ (the run program's round-end hook,
-# importing run/export); its flat path follows it.
+# importing run_files/export); its flat path follows it.
 _OLD_TO_NEW['tff_decorr.collapse_tracking'] = 'tff_decorr.run.collapse_tracking'
 _OLD_TO_NEW['tff_decorr.collapse.collapse_tracking'] = 'tff_decorr.run.collapse_tracking'
 # Moved after 1c5fa3b: learning from federated/ to runtimes/ (the tff.learning face over
@@ -100,6 +122,15 @@ class OldPathsTest(absltest.TestCase):
   def test_table_is_the_regroup(self):
     self.assertEqual(tff_decorr.MOVED, _OLD_TO_NEW)
 
+  def test_each_old_path_names_a_module_of_today(self):
+    """No chains: an old path leads straight to a module in the source tree, never to another old
+    path (tff_decorr.config -> tff_decorr.configs.config, not -> tff_decorr.run.config)."""
+    for old, new in tff_decorr.MOVED.items():
+      with self.subTest(old=old):
+        self.assertNotIn(new, tff_decorr.MOVED)
+        self.assertTrue(_is_module(new), new)
+        self.assertFalse(_is_module(old), old)  # A real module would win over the alias.
+
   def _check_warning(self, caught, old, new):
     ours = [w for w in caught if issubclass(w.category, DeprecationWarning) and
             old in str(w.message)]
@@ -150,17 +181,20 @@ class OldPathsTest(absltest.TestCase):
               'print("tensorflow" in sys.modules); {imports}; '
               'print(sorted(m for m in ("tensorflow", "tensorflow_federated", "matplotlib") '
               'if m in sys.modules))')
+    # Their flat paths, their paths in 0.2.0's run/, and their paths today.
+    forms = {'flat': [f'tff_decorr.{m}' for m in light],
+             'run': [f'tff_decorr.run.{m}' for m in light]}
+    forms['today'] = [_OLD_TO_NEW.get(path, path) for path in forms['run']]
     out = {}
-    for form in ('tff_decorr.{}', 'tff_decorr.run.{}'):
-      imports = '; '.join(f'import {form.format(m)}' for m in light)
+    for form, paths in forms.items():
+      imports = '; '.join(f'import {path}' for path in paths)
       proc = subprocess.run([sys.executable, '-c', script.format(imports=imports)],
                             cwd=testutil.REPO_ROOT, capture_output=True, text=True, timeout=300)
       self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
       package_alone, after = proc.stdout.split('\n')[:2]
       self.assertEqual(package_alone, 'False')
       out[form] = after
-    self.assertEqual(out['tff_decorr.{}'], out['tff_decorr.run.{}'])
-    self.assertEqual(out['tff_decorr.{}'], '[]')
+    self.assertEqual(out, {form: '[]' for form in forms})
 
 
 # The layers, lowest first (docs/DESIGN.md, "Package map"). A module may import modules of its own
@@ -168,20 +202,23 @@ class OldPathsTest(absltest.TestCase):
 # Written out here, not derived from the imports: the test checks the imports against it.
 _LAYERS = (
     ('base', ('tff_decorr.hparams', 'tff_decorr.tf_env', 'tff_decorr.regularizers',
-              'tff_decorr.partitions', 'tff_decorr.data_options')),
+              'tff_decorr.partitions', 'tff_decorr.data_options', 'tff_decorr.lazy')),
     ('models', ('tff_decorr.models',)),
     ('algorithms', ('tff_decorr.algorithms',)),
     ('federated', ('tff_decorr.federated',)),  # aggregation, tff_context, netns, loopback
     ('runtimes', ('tff_decorr.runtimes',)),  # rounds; its faces tff_runtime, tf_runtime, learning.
     ('collapse', ('tff_decorr.collapse',)),
-    ('run', ('tff_decorr.run',)),
+    ('configs', ('tff_decorr.configs',)),  # config, deprecated_flags, cli.
+    ('run_files', ('tff_decorr.run_files',)),  # run_dir, checkpoint_files, export, ...
+    ('run', ('tff_decorr.run',)),  # training, composition, round_loop, ...
+    ('studies', ('tff_decorr.studies',)),  # study, report, run_spectra.
     # tff_decorr/__init__.py alone (no module under it): tff_decorr.train is run.training's, and the
-    # MOVED finder reads run.deprecated_flags.REMOVED_IN.
+    # MOVED finder reads configs.deprecated_flags.REMOVED_IN.
     ('package', ('tff_decorr',)),
 )
-# What any layer may take from the package's __init__.py: its own definitions, which import nothing
-# (not `train`, not an old path).
-_PACKAGE_NAMES_ANY_LAYER = ('lazy_submodules', '__version__')
+# What any layer may take from the package's __init__.py: its own definition, which imports nothing
+# (not `train`, not an old path, not `lazy_submodules`, which is the base layer's tff_decorr.lazy).
+_PACKAGE_NAMES_ANY_LAYER = ('__version__',)
 _PACKAGE_DIR = os.path.join(testutil.REPO_ROOT, 'tff_decorr')
 
 
@@ -206,7 +243,8 @@ def _layer(dotted):
 
 
 def _module_name(path):
-  """tff_decorr/run/export.py -> tff_decorr.run.export; a package's __init__.py -> the package."""
+  """tff_decorr/run/training.py -> tff_decorr.run.training; a package's __init__.py -> the
+  package."""
   parts = os.path.relpath(path, testutil.REPO_ROOT)[:-len('.py')].split(os.sep)
   return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
 
@@ -286,17 +324,22 @@ class LayersTest(absltest.TestCase):
     """The check itself: an import inside a function, upward, is named with its file and line."""
     path = os.path.join(_PACKAGE_DIR, 'collapse', 'analysis.py')
     source = ('from tff_decorr.collapse import plots\n'
-              'from tff_decorr import lazy_submodules, hparams\n'
+              'from tff_decorr import __version__, hparams\n'
+              'from tff_decorr.lazy import lazy_submodules\n'
+              'from tff_decorr import lazy_submodules\n'
               'def f():\n'
-              '  from tff_decorr.run import export\n'
+              '  from tff_decorr.run import training\n'
               '  from tff_decorr import train\n'
               '  from tff_decorr.federated import learning\n')
     self.assertEqual(_upward_imports(path, source), [
-        'tff_decorr/collapse/analysis.py:4: `from tff_decorr.run import export` goes up, from the '
-        'collapse layer (tff_decorr.collapse.analysis) to the run layer (tff_decorr.run.export)',
-        'tff_decorr/collapse/analysis.py:5: `from tff_decorr import train` goes up, from the '
+        'tff_decorr/collapse/analysis.py:4: `from tff_decorr import lazy_submodules` goes up, from '
+        'the collapse layer (tff_decorr.collapse.analysis) to the package layer (tff_decorr)',
+        'tff_decorr/collapse/analysis.py:6: `from tff_decorr.run import training` goes up, from '
+        'the collapse layer (tff_decorr.collapse.analysis) to the run layer '
+        '(tff_decorr.run.training)',
+        'tff_decorr/collapse/analysis.py:7: `from tff_decorr import train` goes up, from the '
         'collapse layer (tff_decorr.collapse.analysis) to the package layer (tff_decorr)',
-        'tff_decorr/collapse/analysis.py:6: `from tff_decorr.federated import learning` names the '
+        'tff_decorr/collapse/analysis.py:8: `from tff_decorr.federated import learning` names the '
         'deprecated path tff_decorr.federated.learning: import tff_decorr.runtimes.learning',
     ])
 

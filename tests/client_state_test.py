@@ -8,7 +8,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl.testing import absltest
 import numpy as np
 
-from tff_decorr.run import client_state
+from tff_decorr.run_files import client_state
 
 
 def _initial():

@@ -9,8 +9,8 @@ from absl.testing import flagsaver
 import tensorflow as tf
 
 from bin import train
-from tff_decorr.run import config
-from tff_decorr.run import run_dir
+from tff_decorr.configs import config
+from tff_decorr.run_files import run_dir
 
 # Default run-directory names printed by bin/train at commit 7dc4b1f (before component settings)
 # for these commands: an old command must find its old run.

@@ -144,7 +144,8 @@ class ExtensionTest(absltest.TestCase):
             '--clients_per_round=2', f'--runtime={runtime}')), 0)
         counts = {}
         states_dir = os.path.join(out, 'client_states')
-        for cid in os.listdir(states_dir):  # <client>/r<round>.npz (tff_decorr.run.client_state)
+        # <client>/r<round>.npz (tff_decorr.run_files.client_state)
+        for cid in os.listdir(states_dir):
           latest = max(os.listdir(os.path.join(states_dir, cid)),
                        key=lambda name: int(name[1:-4]))
           with np.load(os.path.join(states_dir, cid, latest)) as f:

@@ -16,9 +16,9 @@ import numpy as np
 import tensorflow as tf
 
 from tff_decorr import models
-from tff_decorr.run import export
-from tff_decorr.run import graph_check
-from tff_decorr.run import program
+from tff_decorr.run_files import export
+from tff_decorr.run_files import graph_check
+from tff_decorr.run import round_loop
 
 
 class _TableThief(tf.Module):
@@ -124,14 +124,14 @@ class RefusedTest(absltest.TestCase):
     with self.assertRaisesRegex(graph_check.UnsafeGraphError, r'^the checkpoint .*round_1 '
                                 r'contains operations tff_decorr never writes: .*ReaderReadV2 '
                                 r'\(reads files\).*WholeFileReaderV2 \(reads files\)'):
-      program.newest_checkpoint_round(run)
+      round_loop.newest_checkpoint_round(run)
 
 
 class ProjectExportsTest(absltest.TestCase):
   """Every model, in both precisions, plain and with the variants that add operations
   (decomposed convolutions, a projection head), passes; so do a Keras object's SavedModel and a
-  checkpoint in TFF's SavedModel format. `python -m tff_decorr.run.graph_check --check` runs the
-  full product (each variant in each precision, each also as a Keras object)."""
+  checkpoint in TFF's SavedModel format. `python -m tff_decorr.run_files.graph_check --check` runs
+  the full product (each variant in each precision, each also as a Keras object)."""
 
   @classmethod
   def setUpClass(cls):

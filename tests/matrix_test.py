@@ -32,7 +32,7 @@ from bench import matrix
 from tff_decorr import algorithms
 from tff_decorr.federated import aggregation
 from tff_decorr.federated import tff_context
-from tff_decorr.run import config
+from tff_decorr.configs import config
 from tff_decorr.run import training
 
 RUNTIMES = ('tff', 'tf')

@@ -14,8 +14,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl.testing import absltest
 
 from tff_decorr.federated import tff_context
-from tff_decorr.run import config
-from tff_decorr.run import privacy_ledger
+from tff_decorr.configs import config
+from tff_decorr.run_files import privacy_ledger
 from tff_decorr.run import training
 
 

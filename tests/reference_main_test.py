@@ -124,7 +124,7 @@ class FidelityArgsTest(absltest.TestCase):
 class ProjectSettingsTest(absltest.TestCase):
 
   def test_each_algorithms_project_settings_make_a_config(self):
-    from tff_decorr.run import config as config_lib  # pylint: disable=g-import-not-at-top
+    from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
     for name, m in reference_main.ALGORITHMS.items():
       with self.subTest(algorithm=name):
         c = config_lib.make(task='cifar10', model='resnet20', algorithm=name, **m.project)

@@ -272,7 +272,7 @@ class ReliabilityCliTest(absltest.TestCase):
       self.assertEqual(leftovers, [])
 
   def test_analyze_with_a_missing_dataset_is_one_line(self):
-    from tff_decorr.run import export  # pylint: disable=g-import-not-at-top
+    from tff_decorr.run_files import export  # pylint: disable=g-import-not-at-top
     from tff_decorr import models  # pylint: disable=g-import-not-at-top
     model_fn = lambda: models.build('small_cnn', num_classes=10, input_shape=(32, 32, 3))
     saved = os.path.join(self.tmp, 'cifar_model')

@@ -1,4 +1,4 @@
-"""bin/report's collapse measures over rounds and its archive (tff_decorr/run/run_spectra.py,
+"""bin/report's collapse measures over rounds and its archive (tff_decorr/studies/run_spectra.py,
 report.archive), over a tiny real study on the embedded digits task.
 
 The study exports the global model every round and client 0's local model of round 2

@@ -1,4 +1,4 @@
-"""bin/report over one tiny real study on the embedded digits task (tff_decorr/run/report.py).
+"""bin/report over one tiny real study on the embedded digits task (tff_decorr/studies/report.py).
 
 The study: regularisers none and feddecorr x seeds 0, 1 finished through bin/study; seed 2 planned
 (--print_plan) with its none run stopped after 1 of 2 rounds and its feddecorr run never started,
@@ -283,7 +283,7 @@ class GroupTest(absltest.TestCase):
 
   @staticmethod
   def _run(seed, final, alpha='0.1', status='done', **flags):
-    from tff_decorr.run import report  # pylint: disable=g-import-not-at-top
+    from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
     return report.Run(name=f'r{len(flags)}{seed}{final}', path='', rounds=2, status=status,
                       rounds_done=2 if status == 'done' else 1, log='',
                       flags={'dirichlet_alpha': alpha, **flags, 'seed': str(seed)},
@@ -291,7 +291,7 @@ class GroupTest(absltest.TestCase):
                       if status == 'done' else None)
 
   def test_each_setting_of_a_regulariser_is_compared_with_its_baseline(self):
-    from tff_decorr.run import report  # pylint: disable=g-import-not-at-top
+    from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
     runs = [self._run(0, 0.50, regularizer='none'), self._run(1, 0.60, regularizer='none'),
             self._run(2, 0.99, regularizer='none', status='incomplete'),
             self._run(0, 0.70, regularizer='feddecorr', feddecorr_beta='0.05'),
@@ -325,7 +325,7 @@ class FiguresTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    from tff_decorr.run import report  # pylint: disable=g-import-not-at-top
+    from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
     cls.tmp = tempfile.mkdtemp()
     cls.axes = ['dirichlet_alpha', 'algorithm', 'regularizer', 'fedprox_mu', 'seed']
     rng = np.random.default_rng(0)
@@ -416,7 +416,7 @@ class FiguresTest(absltest.TestCase):
       self.assertTrue(saved.x1 >= legend.x1 and saved.y0 <= legend.y0, (saved, legend))
 
   def test_latex_bolds_each_columns_best(self):
-    from tff_decorr.run import report  # pylint: disable=g-import-not-at-top
+    from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
     tex = report.latex(self.rows, self.axes, spectra=False)
     self.assertIn(r'\toprule', tex)
     self.assertIn(r'\bottomrule', tex)

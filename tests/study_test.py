@@ -1,5 +1,6 @@
 """bin/study: grid expansion, checks before anything runs, the plan's commands, and a tiny real
-study on the embedded digits task, killed and resumed (tff_decorr/run/study.py, bin/study.py)."""
+study on the embedded digits task, killed and resumed (tff_decorr/studies/study.py,
+bin/study.py)."""
 
 import json
 import os
@@ -17,7 +18,7 @@ import numpy as np
 
 from tasks import client_data
 from tests import testutil
-from tff_decorr.run import study
+from tff_decorr.studies import study
 
 # The smallest bin/train settings that still train (tests/train_test.py uses the same); tf runtime:
 # no TFF worker to start per run.

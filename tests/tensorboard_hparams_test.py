@@ -1,5 +1,5 @@
-"""TensorBoard HParams of a run and of a study (tff_decorr/run/tensorboard_hparams.py), read back
-from the event files by tests/testutil.py, which parses the hparams plugin's protobuf itself.
+"""TensorBoard HParams of a run and of a study (tff_decorr/run_files/tensorboard_hparams.py), read
+back from the event files by tests/testutil.py, which parses the hparams plugin's protobuf itself.
 
 The end-to-end check (bin/study's root config and each bin/train run's values and final metrics in
 a real study) is in tests/report_test.py, which has a study at hand.
@@ -13,8 +13,8 @@ from absl.testing import absltest
 import tensorflow as tf
 
 from tests import testutil
-from tff_decorr.run import config as config_lib
-from tff_decorr.run import tensorboard_hparams
+from tff_decorr.configs import config as config_lib
+from tff_decorr.run_files import tensorboard_hparams
 
 
 def _config(**values):
@@ -60,16 +60,16 @@ class TensorboardHparamsTest(absltest.TestCase):
     self.assertEqual(events['scalars']['best_round'], [(4, 3.0)])
 
   def test_metrics_csv_rebuilt_from_tensorboard_holds_only_per_round_metrics(self):
-    from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
+    from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
     run = tempfile.mkdtemp()
-    metrics = program.Metrics(run)
+    metrics = round_loop.Metrics(run)
     metrics.hparams(_config(seed=1), trial_id='run')
     for r in (1, 2):
       metrics.release({'test_accuracy': 0.25 * r, 'train_loss': 2.0 / r}, r)
     metrics.final({'final_round': 2, 'final_test_accuracy': 0.5, 'best_test_accuracy': 0.5,
                    'best_round': 2})
     os.remove(os.path.join(run, 'metrics.csv'))
-    program.repair_metrics(run, 2, log=lambda _: None)
+    round_loop.repair_metrics(run, 2, log=lambda _: None)
     with open(os.path.join(run, 'metrics.csv')) as f:
       header = f.readline().strip().split(',')
     self.assertCountEqual(header, ['round', 'test_accuracy', 'train_loss'])

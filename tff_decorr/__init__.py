@@ -1,30 +1,51 @@
 """tff_decorr: FedDecorr and its baselines on TensorFlow Federated.
 
 `tff_decorr.train(config)` runs a configuration (tff_decorr.run.training), for example
-`tff_decorr.train(tff_decorr.run.config.make(task='digits', algorithm='fedprox',
+`tff_decorr.train(tff_decorr.configs.config.make(task='digits', algorithm='fedprox',
 fedprox_mu=1e-3))`.
 
-Layers, lowest first (docs/DESIGN.md): components (hparams, tf_env, regularizers, partitions,
+Layers, lowest first (docs/DESIGN.md): components (hparams, tf_env, regularizers, partitions, lazy,
 models/, algorithms/), the TFF machinery (federated/), the round and its runtimes, the tff.learning
-face among them (runtimes/), collapse measurement (collapse/) and the run program (run/).
+face among them (runtimes/), collapse measurement (collapse/), a run's configuration (configs/), a
+run directory's files (run_files/), the run program that writes them (run/) and studies of many
+runs (studies/).
 Submodules are imported on first use, so importing the package itself does not import TensorFlow.
 
 The flat module paths used before the subpackages (`tff_decorr.config`, `from tff_decorr import
-learning`, ...; `MOVED`) still import, as the very module of the new path, with a
-DeprecationWarning naming it, until release `deprecated_flags.REMOVED_IN` (docs/api.md).
+learning`, ...) and 0.2.0's paths in run/ (`tff_decorr.run.config`, ...; `MOVED`) still import, as
+the very module of the new path, with a DeprecationWarning naming it, until release
+`deprecated_flags.REMOVED_IN` (docs/api.md).
 """
 
 import atexit
 import importlib
 import sys
 
+from tff_decorr import lazy as _lazy
+from tff_decorr.lazy import lazy_submodules
+
 __version__ = '0.2.0'
 
-# Old module path (before the subpackage regroup, commit 1c5fa3b) -> its module today. Removing
-# these in release REMOVED_IN is deleting this table and `_MovedModuleFinder` below.
+# The modules of 0.2.0's run/ that left it when run/ was split by concern, each -> its module
+# today: the configuration a layer below the run program (configs/), a run directory's files
+# between the two (run_files/), and studies, grids of runs and their reports, above it (studies/);
+# and two that stayed, renamed for what they hold (experiment: the run's composition; program: the
+# round loop, where a round's metrics are written).
+_RUN_SPLIT = {
+    **{m: f'configs.{m}' for m in ('config', 'deprecated_flags', 'cli')},
+    **{m: f'run_files.{m}' for m in ('run_dir', 'checkpoint_files', 'client_state',
+                                      'privacy_ledger', 'graph_check', 'export',
+                                      'tensorboard_hparams')},
+    **{m: f'studies.{m}' for m in ('study', 'report', 'run_spectra')},
+    'experiment': 'run.composition', 'program': 'run.round_loop',
+}
+
+# Old module path (before the subpackage regroup, commit 1c5fa3b, or 0.2.0's path in run/) -> its
+# module today, never another old path. Removing these in release REMOVED_IN is deleting this
+# table and `_MovedModuleFinder` below.
 MOVED = {
     **{f'tff_decorr.{m}': f'tff_decorr.federated.{m}' for m in ('tff_context', 'aggregation')},
-    **{f'tff_decorr.{m}': f'tff_decorr.run.{m}'
+    **{f'tff_decorr.{m}': 'tff_decorr.' + _RUN_SPLIT.get(m, f'run.{m}')
        for m in ('config', 'deprecated_flags', 'training', 'experiment', 'program',
                  'client_state', 'run_dir', 'export', 'personalized', 'cli', 'study', 'report')},
     **{f'tff_decorr.{m}': f'tff_decorr.collapse.{m}' for m in ('analysis', 'plots')},
@@ -32,7 +53,7 @@ MOVED = {
     # lower layer must not import from run/. Its flat path of before 1c5fa3b is its path again.
     'tff_decorr.run.tf_env': 'tff_decorr.tf_env',
     # Moved up a layer later (commit 4eaf560): the run program's round-end hook, which
-    # imports run/export; collapse/ keeps the measurements (analysis, plots) and imports nothing
+    # imports export; collapse/ keeps the measurements (analysis, plots) and imports nothing
     # above.
     'tff_decorr.collapse_tracking': 'tff_decorr.run.collapse_tracking',
     'tff_decorr.collapse.collapse_tracking': 'tff_decorr.run.collapse_tracking',
@@ -40,21 +61,9 @@ MOVED = {
     # of tff_runtime and tf_runtime; federated/ keeps the TFF machinery that runtimes/ imports.
     'tff_decorr.learning': 'tff_decorr.runtimes.learning',
     'tff_decorr.federated.learning': 'tff_decorr.runtimes.learning',
+    # 0.2.0's paths in run/ of the modules that left it or were renamed (_RUN_SPLIT).
+    **{f'tff_decorr.run.{m}': f'tff_decorr.{new}' for m, new in _RUN_SPLIT.items()},
 }
-
-
-def lazy_submodules(package: str):
-  """A module `__getattr__` that imports `package`'s submodules on first attribute access."""
-
-  def getattr_(name):
-    try:
-      return importlib.import_module(f'{package}.{name}')
-    except ModuleNotFoundError as e:
-      if e.name != f'{package}.{name}':
-        raise
-      raise AttributeError(f'module {package} has no attribute {name!r}') from None
-
-  return getattr_
 
 
 _submodule = lazy_submodules(__name__)
@@ -68,11 +77,11 @@ def __getattr__(name):
 
 
 def _importer_stacklevel() -> int:
-  """The stacklevel of the first frame outside the import machinery and this package's lazy
-  attributes: the line that imported the old path, which the warning then names. (warnings does
-  not count importlib's frozen _bootstrap frames.)"""
+  """The stacklevel of the first frame outside the import machinery and the packages' lazy
+  attributes (tff_decorr.lazy): the line that imported the old path, which the warning then names.
+  (warnings does not count importlib's frozen _bootstrap frames.)"""
   level, frame = 2, sys._getframe(2)  # pylint: disable=protected-access  (the caller's caller)
-  machinery = (__file__, importlib.__file__)
+  machinery = (__file__, importlib.__file__, _lazy.__file__)
   while frame is not None and (frame.f_code.co_filename in machinery or
                                frame.f_code.co_filename.startswith('<frozen importlib.')):
     if not frame.f_code.co_filename.startswith('<frozen importlib.'):
@@ -112,10 +121,10 @@ class _MovedModuleFinder:  # An importlib.abc.MetaPathFinder.
     # Imported here, not with the package: `import tff_decorr` stays as light as it was.
     import importlib.machinery  # pylint: disable=g-import-not-at-top,redefined-outer-name
     import warnings  # pylint: disable=g-import-not-at-top
-    from tff_decorr.run.deprecated_flags import REMOVED_IN  # pylint: disable=g-import-not-at-top
+    from tff_decorr.configs import deprecated_flags  # pylint: disable=g-import-not-at-top
     warnings.warn(f'{fullname} moved to {new}; the old path is deprecated and will be removed in '
-                  f'tff_decorr {REMOVED_IN} (this is {__version__}): import {new}.',
-                  DeprecationWarning, stacklevel=_importer_stacklevel())
+                  f'tff_decorr {deprecated_flags.REMOVED_IN} (this is {__version__}): '
+                  f'import {new}.', DeprecationWarning, stacklevel=_importer_stacklevel())
     return importlib.machinery.ModuleSpec(fullname, _AliasLoader(new))
 
 

@@ -2,9 +2,9 @@
 Spectra tracked during training are the run program's (tff_decorr.run.collapse_tracking, a layer
 up).
 
-Submodules are imported on first use (tff_decorr.lazy_submodules).
+Submodules are imported on first use (tff_decorr.lazy.lazy_submodules).
 """
 
-from tff_decorr import lazy_submodules
+from tff_decorr.lazy import lazy_submodules
 
 __getattr__ = lazy_submodules(__name__)

@@ -3,9 +3,9 @@ execution context the project owns (tff_context), its workers' own network names
 owner-only Unix socket (netns, netns_bridge) and the loopback fallback (loopback).
 The tff.learning API is a runtime over it (tff_decorr.runtimes.learning, a layer up).
 
-Submodules are imported on first use (tff_decorr.lazy_submodules).
+Submodules are imported on first use (tff_decorr.lazy.lazy_submodules).
 """
 
-from tff_decorr import lazy_submodules
+from tff_decorr.lazy import lazy_submodules
 
 __getattr__ = lazy_submodules(__name__)

@@ -1,13 +1,15 @@
-"""The run program: a configuration (config, its deprecated flag spellings), its composition
-(experiment), the round loop with checkpoints, metrics, evaluation and export (program,
-training, export, personalized, client_state, run_dir), spectra tracked during training
-(collapse_tracking, over tff_decorr.collapse.analysis), what the binaries share (cli; their
-TensorFlow environment is tff_decorr.tf_env, a layer down), and grids of runs (study, report when
-present).
+"""The run program: a run from its configuration to its summary (training: `train`, also
+tff_decorr.train), the run's pieces composed from its configuration (composition), the round loop
+that trains, evaluates and writes each round's metrics, checkpoints and exports (round_loop), its
+parts (personalized: per-client evaluation; phases: wall time by phase), and spectra tracked
+during training (collapse_tracking, over tff_decorr.collapse.analysis). The files it writes are a
+layer down (tff_decorr.run_files), its configuration another (tff_decorr.configs), and so is the
+binaries' TensorFlow environment (tff_decorr.tf_env); studies of many runs are a layer up
+(tff_decorr.studies).
 
-Submodules are imported on first use (tff_decorr.lazy_submodules).
+Submodules are imported on first use (tff_decorr.lazy.lazy_submodules).
 """
 
-from tff_decorr import lazy_submodules
+from tff_decorr.lazy import lazy_submodules
 
 __getattr__ = lazy_submodules(__name__)

@@ -18,7 +18,7 @@ from tff_decorr.collapse import analysis
 
 def tracker(exp, evaluator, test_dataset, eval_every: int, rounds: int,
             max_examples: Optional[int] = 10000) -> Callable[[int, object], dict]:
-  """Returns an `on_round_end(round, server_state) -> metrics` hook for `program.run`.
+  """Returns an `on_round_end(round, server_state) -> metrics` hook for `round_loop.run`.
 
   It reuses the evaluator's Keras model, whose weights the evaluation of the same round has just
   set to the global model's (the program evaluates before calling this hook).
@@ -29,7 +29,7 @@ def tracker(exp, evaluator, test_dataset, eval_every: int, rounds: int,
     if round_num % max(eval_every, 1) and round_num != rounds:
       return {}
     weights = exp.algorithm.global_weights(server_state)
-    from tff_decorr.run import export  # pylint: disable=g-import-not-at-top
+    from tff_decorr.run_files import export  # pylint: disable=g-import-not-at-top
     export.set_weights(evaluator.model, weights)
     cov = analysis.representation_covariance(evaluator.model, test_dataset,
                                              max_examples=max_examples)
@@ -85,7 +85,7 @@ class LocalModels:
                             f'client_{cid}')
         self.exp.export(local, path)
       if self.track and i == 0:
-        from tff_decorr.run import export  # pylint: disable=g-import-not-at-top
+        from tff_decorr.run_files import export  # pylint: disable=g-import-not-at-top
         export.set_weights(self.evaluator.model, local)
         sv = analysis.singular_values(analysis.representation_covariance(
             self.evaluator.model, self.test_dataset, max_examples=self.max_examples))

@@ -1,9 +1,11 @@
 """The training program as a library call: `tff_decorr.run.training.train(config)` (also
 `tff_decorr.train`). bin/train is its command line: flags -> `config.resolve` -> `train`.
 
-It prepares the run directory (lock, compare, config.json once every check has passed), builds the
-run's pieces (tff_decorr.run.experiment), and drives the round loop (tff_decorr.run.program): metrics,
-checkpoints, evaluation (each client's own model for personalised algorithms), export, summary.
+The run from start to end, in three modules: this one prepares the run directory (lock, compare,
+config.json once every check has passed), has the run's pieces composed (tff_decorr.run.composition:
+data, model, algorithm, runtime), hands them to the round loop (tff_decorr.run.round_loop, which
+writes each round's metrics, checkpoints and exports, and evaluates: each client's own model for
+personalised algorithms), and writes summary.json.
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ import tensorflow_federated as tff
 
 from tff_decorr.federated import aggregation
 from tff_decorr.models import precision
-from tff_decorr.run import client_state
-from tff_decorr.run import config as config_lib
-from tff_decorr.run import experiment
+from tff_decorr.run_files import client_state
+from tff_decorr.configs import config as config_lib
+from tff_decorr.run import composition
 from tff_decorr.run import personalized
 from tff_decorr.run import phases
-from tff_decorr.run import privacy_ledger
-from tff_decorr.run import program
-from tff_decorr.run import run_dir
+from tff_decorr.run_files import privacy_ledger
+from tff_decorr.run import round_loop
+from tff_decorr.run_files import run_dir
 
 
 def _versions() -> dict:
@@ -52,17 +54,17 @@ def _local_model_rounds(config, save_local_models, save_local_rounds) -> list:
 
 def _has_checkpoint(output_dir: str, overwrite: bool, log) -> bool:
   """Whether a run with this configuration resumes from a checkpoint, decided before anything is
-  written. An unreadable newest checkpoint is refused with advice (program.CheckpointError), and
+  written. An unreadable newest checkpoint is refused with advice (round_loop.CheckpointError), and
   with --overwrite, which that advice offers, the run is moved aside and a new one starts. A run
   without checkpoints starts from round 1 with its earlier results set aside (one warning)."""
   try:
-    if program.newest_checkpoint_round(output_dir) > 0:
+    if round_loop.newest_checkpoint_round(output_dir) > 0:
       if overwrite:
         log(f'--overwrite: {output_dir} holds a run with the same configuration; resuming it '
             '(--overwrite moves aside only a run with a different configuration or an unreadable '
             'checkpoint).')
       return True
-  except program.CheckpointError:
+  except round_loop.CheckpointError:
     if not overwrite:
       raise
     aside = run_dir.move_aside(output_dir)  # Never deleted: the old run is kept whole.
@@ -75,11 +77,11 @@ def _has_checkpoint(output_dir: str, overwrite: bool, log) -> bool:
 
 def _checkpoint_round(output_dir: str) -> int:
   """The round a resumed run continues after (its newest checkpoint's; read in full before)."""
-  versions = asyncio.run(program.checkpoint_manager(output_dir).get_versions()) or []
+  versions = asyncio.run(round_loop.checkpoint_manager(output_dir).get_versions()) or []
   return int(max(versions)) if versions else 0
 
 
-def _record_dp_releases(exp: experiment.Experiment, runtime, log, save_local_models=(),
+def _record_dp_releases(exp: composition.Experiment, runtime, log, save_local_models=(),
                         resumed_round: int = 0):
   """Under --aggregator=dp: says which clipping runs, what epsilon assumes and omits (the
   un-noised per-client outputs of this run included), says whether this data has been released
@@ -120,18 +122,18 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
           log=print, timer: Optional[phases.Phases] = None) -> Optional[dict]:
   """Runs (or resumes) one configuration in `config.output_dir`; returns its summary.
 
-  `config` comes from `tff_decorr.run.config.resolve` (what bin/train does with its flags) or is
+  `config` comes from `tff_decorr.configs.config.resolve` (what bin/train does with its flags) or is
   built directly. Re-running with the same configuration resumes after the last completed round.
   Returns None when the directory already holds more rounds than `config.rounds`. Raises
-  ValueError (bad settings, unusable directory, program.CheckpointError), program.NonFiniteError,
-  program.DiskFullError, program.Interrupted.
-  Exit codes and messages of these are mapped by `tff_decorr.run.cli.run_guarded`.
+  ValueError (bad settings, unusable directory, round_loop.CheckpointError),
+  round_loop.NonFiniteError, round_loop.DiskFullError, round_loop.Interrupted.
+  Exit codes and messages of these are mapped by `tff_decorr.configs.cli.run_guarded`.
   `timer` (a phases.Phases, e.g. holding bin/train's start-up) is given this run's phases; they are
   logged at the end and written to summary.json as `phases_s`.
   """
   timer = timer or phases.Phases()
   setup_start = time.perf_counter()
-  program.set_gpu_memory_growth()
+  round_loop.set_gpu_memory_growth()
   if config.runtime == 'auto':  # A Config built directly (config.resolve resolves it already).
     runtime, why = config_lib.choose_runtime(config.runtime, config.workers, config.aggregator)
     config = dataclasses.replace(config, runtime=runtime)
@@ -143,7 +145,7 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
   resumed = run_dir.prepare(config.output_dir, config.to_dict(), overwrite=overwrite, log=log,
                             migrate=config_lib.migrate_dict)
   try:
-    exp = experiment.Experiment(config, log=log)
+    exp = composition.Experiment(config, log=log)
     if config.precision != 'float32':
       if tf.config.list_physical_devices('GPU'):
         where = 'on the GPU (fast on Ampere or newer)'
@@ -208,11 +210,11 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
                                                  save_local_models, local_rounds,
                                                  track=config.track_collapse)
 
-  loop = program.LoopConfig(rounds=config.rounds, num_clients=config.num_clients,
+  loop = round_loop.LoopConfig(rounds=config.rounds, num_clients=config.num_clients,
                             clients_per_round=config.clients_per_round, seed=config.seed,
                             eval_every=config.eval_every, export_every=config.export_every)
   t0 = time.time()
-  summary = program.run(runtime=runtime, algorithm=exp.algorithm, store=store, loop=loop,
+  summary = round_loop.run(runtime=runtime, algorithm=exp.algorithm, store=store, loop=loop,
                         output_dir=config.output_dir, evaluate_fn=evaluate,
                         export_fn=exp.export, on_round_end=on_round_end,
                         before_round=before_round, check_clients=exp.check_client_data,
@@ -229,7 +231,7 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
   summary_path = os.path.join(config.output_dir, 'summary.json')
   with timer('summary'):
     summary['phases_s'] = timer.ordered()  # Without the summary's own write: a few ms.
-    with program.writing(summary_path, summary['final_round']):
+    with round_loop.writing(summary_path, summary['final_round']):
       run_dir.write_json_atomic(summary_path, summary)
   log(timer.line())
   return summary

@@ -12,9 +12,9 @@ The client optimiser is a typed object as well (`Config.client_optimizer`, an
 `resolve` turns explicitly given values into Configs: explicit > the task's paper defaults (keyed
 `'<component>.<field>'`) > the component's own defaults. The flag spellings used before the
 component flags existed (`--mu`, `--beta`, `--alpha`, ...) are accepted as aliases for one
-release (tff_decorr/run/deprecated_flags.py says which), and `from_dict` migrates config.json files
-written with them, so old commands and run directories keep working; default run-directory names
-are hashed over that older flat form, so re-running an old command finds its old run.
+release (tff_decorr/configs/deprecated_flags.py says which), and `from_dict` migrates config.json
+files written with them, so old commands and run directories keep working; default run-directory
+names are hashed over that older flat form, so re-running an old command finds its old run.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, TYPE_CHECKING
 
-from tff_decorr.run import deprecated_flags
+from tff_decorr.configs import deprecated_flags
 
 if TYPE_CHECKING:  # Imported lazily below: they import TensorFlow, config stays cheap to import.
   from tff_decorr.algorithms.client_update import ClientConfig
@@ -38,6 +38,15 @@ RUNTIME_CHOICES = ('auto',) + RUNTIMES  # 'auto': resolved by choose_runtime, ne
 # config.json files and of directory-name hashes (kept for runs already written).
 LEGACY_ALIASES = deprecated_flags.ALIASES
 _LEGACY_SAME = deprecated_flags.SAME_KEYS
+
+# Keys that may differ when a run is resumed: where things are, how they are executed or shown,
+# and how long to go on. Everything else changes the result, so a mismatch is refused (run_dir's
+# config comparison), and none of these is part of a default run directory's name (directory_hash).
+RESUMABLE_KEYS = frozenset({
+    'output_dir', 'data_dir', 'runtime', 'rounds', 'eval_every', 'workers',
+    'max_concurrent_computation_calls', 'overwrite', 'export_every', 'track_collapse',
+    'save_local_models', 'save_local_rounds', 'cache_dir',
+})
 
 
 @dataclasses.dataclass
@@ -252,7 +261,7 @@ def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[s
     generic: explicitly given generic settings {field: value}.
     components: explicitly given component settings {component: {field: value}} (from the
       `--<component>_<field>` flags); a setting of a component the run does not use is an error.
-    legacy: explicitly given old-style flags {name: value} (tff_decorr.run.deprecated_flags).
+    legacy: explicitly given old-style flags {name: value} (tff_decorr.configs.deprecated_flags).
     regularizers: the regularisers, one Config each.
   """
   defaults = dict(task.defaults)
@@ -397,7 +406,6 @@ def directory_hash(config: Config, task, legacy: Mapping[str, Any]) -> str:
   key, each with the value the old resolution gave it), so an old command finds its old run;
   settings with no old key (a newly registered component's) are added under
   '<component>_<field>'."""
-  from tff_decorr.run import run_dir  # pylint: disable=g-import-not-at-top
   defaults = dict(task.defaults)
 
   def setting(component, field, fallback):
@@ -442,7 +450,7 @@ def directory_hash(config: Config, task, legacy: Mapping[str, Any]) -> str:
       if key in known or value in _NAME_NEUTRAL_VALUES.get(key, ()):
         continue
       flat[f'{component}_{field}'] = value
-  d = {k: v for k, v in flat.items() if k not in run_dir.RESUMABLE_KEYS}
+  d = {k: v for k, v in flat.items() if k not in RESUMABLE_KEYS}
   return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
 

@@ -30,16 +30,16 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from absl import flags
 
-from tff_decorr.run import cli
-from tff_decorr.run import config as config_lib
-from tff_decorr.run import run_dir
+from tff_decorr.configs import cli
+from tff_decorr.configs import config as config_lib
+from tff_decorr.run_files import run_dir
 
 MANIFEST = 'study.json'
 MANIFEST_VERSION = 1
 RUNS = 'runs'
 LOGS = 'logs'
-# The repository root (this file is tff_decorr/run/study.py): children run `python -m bin.train` from there (through Bazel's runfiles
-# symlinks to the source tree, like tests/testutil.py).
+# The repository root (this file is tff_decorr/studies/study.py): children run `python -m bin.train`
+# from there (through Bazel's runfiles symlinks to the source tree, like tests/testutil.py).
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 # bin/train flags whose one value may hold commas (paths, host lists, id lists): given whole to
 # every cell, never split into a grid axis.
@@ -207,7 +207,7 @@ def make_plan(grid: Mapping[str, Sequence[str]]) -> Plan:
   task's default regularisers (the embedded task: none and feddecorr), as bin/train does."""
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   component_of = _component_of_flag()
-  resumable_axes = [n for n, v in grid.items() if n in run_dir.RESUMABLE_KEYS and len(v) > 1]
+  resumable_axes = [n for n, v in grid.items() if n in config_lib.RESUMABLE_KEYS and len(v) > 1]
   cells: List[Cell] = []
   errors: List[str] = []
   names = set()
@@ -322,7 +322,7 @@ def write_tensorboard_config(study_dir: str, plan: Plan) -> str:
   """The study's HParams experiment at its root (tensorboard_hparams.write_study): its axes with
   the values of its runs' resolved configurations, so `tensorboard --logdir=<study_dir>` shows
   the grid. Returns the event file written."""
-  from tff_decorr.run import tensorboard_hparams  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run_files import tensorboard_hparams  # pylint: disable=g-import-not-at-top
   return tensorboard_hparams.write_study(study_dir, plan.axes,
                                          [c.config.to_dict() for c in plan.cells if c.config])
 

@@ -9,8 +9,8 @@ had no reason to name. So the scan is an allow list: `ALLOWED_OPS` holds the ope
 tff_decorr's own SavedModels use, and any other operation refuses the file, one line naming it.
 
 `ALLOWED_OPS` is data derived by exporting, not written by hand: `python -m
-tff_decorr.run.graph_check` exports every model of the registry (`tff_decorr.models.names()`) in
-every precision (`models.PRECISIONS`), plain and with the variants that change the graph
+tff_decorr.run_files.graph_check` exports every model of the registry (`tff_decorr.models.names()`)
+in every precision (`models.PRECISIONS`), plain and with the variants that change the graph
 (decomposed convolutions, MOON's projection head); the FedBN/personalised per-client exports are the
 same export of other weights. It also saves each model as a Keras object (what tests and users save
 with `tf.saved_model.save(model)` and bin/evaluate reads) and a checkpoint in TFF's SavedModel
@@ -33,7 +33,7 @@ import os
 import sys
 
 # The operations of tff_decorr's SavedModels on TensorFlow 2.14 (derived as the module docstring
-# says; `python -m tff_decorr.run.graph_check` prints this list).
+# says; `python -m tff_decorr.run_files.graph_check` prints this list).
 ALLOWED_OPS = frozenset({
     'AddV2', 'AssignSubVariableOp', 'AssignVariableOp', 'BiasAdd', 'Cast', 'Const', 'Conv2D',
     'DepthwiseConv2dNative', 'DisableCopyOnRead', 'Einsum', 'FusedBatchNormV3', 'Identity',
@@ -196,13 +196,13 @@ VARIANTS = ({}, {'decomposed': True, 'projection_dim': 8})
 
 def export_operations(directory: str, model_name: str, precision_name: str, variant: dict,
                       keras_object: bool = False) -> set:
-  """The operations of tff_decorr's export (run/export.py) of `model_name` built in
+  """The operations of tff_decorr's export (run_files/export.py) of `model_name` built in
   `precision_name` with `variant` (model kwargs), written under `directory`; with
   `keras_object`, of the Keras model saved as an object instead."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tff_decorr import models  # pylint: disable=g-import-not-at-top
   from tff_decorr.models import precision  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import export  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run_files import export  # pylint: disable=g-import-not-at-top
   kwargs = dict(num_classes=3, input_shape=_SMALL_INPUT.get(model_name, (8, 8, 3)),
                 **_SMALL_KWARGS.get(model_name, {}), **variant)
   model_fn = lambda: precision.build(lambda: models.build(model_name, **kwargs), precision_name)

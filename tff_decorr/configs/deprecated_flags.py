@@ -4,7 +4,7 @@ Before components declared their own settings (tff_decorr.hparams), bin/train ha
 (`--mu`, `--beta`, `--alpha`, ...), and bin/partition `--alpha` / `--classes_per_client`. They
 are accepted as aliases of today's component flags, each with a warning naming its replacement,
 until release REMOVED_IN; removing them then means deleting `define`, `given` and `translate`'s
-callers in tff_decorr/run/cli.py and bin/partition.py.
+callers in tff_decorr/configs/cli.py and bin/partition.py.
 
 What stays after that release, because it concerns runs already written rather than flags: the
 tables `ALIASES` and `SAME_KEYS` also describe the flat config.json files of old runs, which

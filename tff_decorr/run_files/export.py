@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_decorr import data_options
-from tff_decorr.run import graph_check
+from tff_decorr.run_files import graph_check
 
 METADATA_FILE = 'tff_decorr.json'
 

@@ -1,4 +1,5 @@
-"""The training program's round loop: sampling, checkpoints, metrics, evaluation, export.
+"""The training program's round loop: sampling, checkpoints, metrics, evaluation, export. A round's
+metrics are written here (`Metrics`: metrics.csv and TensorBoard), as are its checkpoint and export.
 
 It is independent of tasks, models and runtimes: it drives any runtime with `initialize()` and
 `run_round(server_state, client_inputs, client_states)` (the TFF iterative process and the in-process
@@ -42,32 +43,29 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_decorr.run import checkpoint_files
-from tff_decorr.run import graph_check
+from tff_decorr.configs import cli
+from tff_decorr.run_files import checkpoint_files
+from tff_decorr.run_files import graph_check
 from tff_decorr.run import phases as phases_lib
 from tff_decorr.run import personalized
-from tff_decorr.run import run_dir
-from tff_decorr.run import tensorboard_hparams
+from tff_decorr.run_files import run_dir
+from tff_decorr.run_files import tensorboard_hparams
 
 
 class CheckpointError(ValueError):
   """A checkpoint exists but cannot be read; the message says how to proceed."""
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(cli.RunFailedError):  # A RuntimeError.
   """Training produced a non-finite loss or global weights; the previous checkpoint is kept."""
 
 
-class DiskFullError(RuntimeError):
+class DiskFullError(cli.RunFailedError):  # A RuntimeError.
   """A write found no space left; the last completed round's checkpoint is intact."""
 
 
-class Interrupted(Exception):  # Not a KeyboardInterrupt subclass: callers print one line for it.
+class Interrupted(cli.RunInterrupted):  # Not a KeyboardInterrupt subclass.
   """The user interrupted the run (Ctrl-C); `completed_round` is the last checkpointed round."""
-
-  def __init__(self, completed_round: int):
-    super().__init__(f'interrupted after round {completed_round}')
-    self.completed_round = completed_round
 
 
 def sample_clients(num_clients: int, clients_per_round: int, seed: int, round_num: int) -> list:
@@ -430,8 +428,9 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
   Args:
     runtime: object with `initialize()` and `run_round(server_state, client_inputs, client_states)`.
     algorithm: gives `global_weights(server_state)` and `initial_client_state(weights)`.
-    store: the per-client state store (`tff_decorr.run.client_state.ClientStateStore`); its manifest
-      is saved beside each checkpoint so a resumed run sees exactly that round's client states.
+    store: the per-client state store (`tff_decorr.run_files.client_state.ClientStateStore`); its
+      manifest is saved beside each checkpoint so a resumed run sees exactly that round's client
+      states.
     evaluate_fn: (server state, round) -> dict of test metrics: scalars ('test_accuracy' is the
       headline: the global model's, or for a personalised algorithm the clients' own models'
       mean) and optionally 'per_client_test_accuracy' (a list in client-id order, written to the

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_decorr.run import run_dir
+from tff_decorr.run_files import run_dir
 
 MANIFEST_VERSION = 1
 

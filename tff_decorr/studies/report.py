@@ -1,7 +1,7 @@
 """A study's report (bin/report): a paper-style table, accuracy curves, collapse spectra, one page.
 
-The study's manifest (tff_decorr/run/study.py, study.json) says which runs belong to it and how they
-differ; each run's own files say how far it got. A row of the table is one configuration of the
+The study's manifest (tff_decorr/studies/study.py, study.json) says which runs belong to it and how
+they differ; each run's own files say how far it got. A row of the table is one configuration of the
 grid with every seed folded in: mean and sample standard deviation (ddof=1, as papers report over
 seeds) of the final and best test accuracy of its *finished* runs only. A run that has not finished
 (not started, stopped part-way, failed) is listed in its row and drawn dotted in the curves, never
@@ -10,7 +10,7 @@ averaged in.
 Spectra use the collapse measures of tff_decorr/collapse/analysis.py on each finished run's exported
 SavedModel over its task's test split, as bin/analyze computes them, at every round the run exported
 (`--export_every`) or tracked (`--track_collapse`), and the local-vs-global gap of the clients whose
-local models it saved (tff_decorr/run/run_spectra.py). `archive` writes a study's compact copy
+local models it saved (tff_decorr/studies/run_spectra.py). `archive` writes a study's compact copy
 (manifest, and per finished run its config, summary, metrics and spectra.json: a few KB, no
 SavedModel) that `build` reads back as it reads the study itself.
 """
@@ -30,9 +30,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from tff_decorr.collapse import plots
-from tff_decorr.run import run_dir as run_dir_lib
-from tff_decorr.run import run_spectra
-from tff_decorr.run import study
+from tff_decorr.run_files import run_dir as run_dir_lib
+from tff_decorr.studies import run_spectra
+from tff_decorr.studies import study
 
 SEED = 'seed'
 BASELINE = 'none'  # The regulariser every other one is compared with.
@@ -210,7 +210,7 @@ def _curve_axes(axes: Sequence[str]) -> Tuple[List[str], List[str]]:
   """(axes told apart by line, axes told apart by panel): a panel compares algorithms and
   regularisers (with their own settings, e.g. --fedprox_mu) at one setting of everything else
   (the partition's --dirichlet_alpha, --client_lr, ...)."""
-  from tff_decorr.run import config  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config  # pylint: disable=g-import-not-at-top
   own = {spec.name for kind, _, spec in config.component_flag_specs()
          if kind in ('algorithm', 'regularizer')}
   columns = [a for a in axes if a != SEED]
@@ -333,7 +333,7 @@ def _compute_measures(run: Run, datasets: Dict[tuple, Any], data_dir: Optional[s
   """run_spectra.compute for `run`, its task's test split loaded once per (task, data dir)."""
   # TensorFlow only when there is something to load: the table and curves need none.
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import export  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run_files import export  # pylint: disable=g-import-not-at-top
   config = run.config or (run.summary or {}).get('config') or {}
   task = task_registry.get(config.get('task', 'digits'))
   where = (task.name, data_dir or config.get('data_dir') or None)

@@ -23,8 +23,8 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 
 from tff_decorr.collapse import analysis
-from tff_decorr.run import run_dir as run_dir_lib
-from tff_decorr.run import study
+from tff_decorr.run_files import run_dir as run_dir_lib
+from tff_decorr.studies import study
 
 FILE = 'spectra.json'
 VERSION = 1

@@ -4,7 +4,7 @@ Layout of a run directory:
   .lock                held (flock) by the process running it: one run per directory at a time
   config.json          the resolved configuration (flags + task defaults), written once every
                        check has passed, just before round 1
-  checkpoints/         program state, one version per round (run/checkpoint_files: round_N/state.npz)
+  checkpoints/         program state, one version per round (checkpoint_files: round_N/state.npz)
   client_states/       per-client state (FedBN BN, SCAFFOLD c_i, MOON previous model)
   metrics.csv          one row per round (tff.program.CSVFileReleaseManager)
   tensorboard/         the same metrics for TensorBoard
@@ -25,19 +25,14 @@ import shutil
 import time
 from typing import Any, Mapping
 
+# Which configuration keys a resumed run may change: the configuration's rule (configs/config).
+from tff_decorr.configs.config import RESUMABLE_KEYS
+
 LOCK_FILE = '.lock'
 # Files a start leaves behind before config.json exists; a directory holding only these is empty.
 _START_FILES = frozenset({LOCK_FILE})
 _LOCKS: dict = {}  # output_dir -> open lock file (kept open: the kernel releases it at exit)
 _CREATED: set = set()  # directories this process created (removed again if its start fails)
-
-# Keys that may differ when a run is resumed: where things are, how they are executed or shown,
-# and how long to go on. Everything else changes the result, so a mismatch is refused.
-RESUMABLE_KEYS = frozenset({
-    'output_dir', 'data_dir', 'runtime', 'rounds', 'eval_every', 'workers',
-    'max_concurrent_computation_calls', 'overwrite', 'export_every', 'track_collapse',
-    'save_local_models', 'save_local_rounds', 'cache_dir',
-})
 
 
 class RunDirError(ValueError):

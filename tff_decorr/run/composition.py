@@ -1,7 +1,8 @@
-"""Composition: from a resolved configuration (tff_decorr.run.config) to the pieces of a run: task data,
-model, regulariser, algorithm, runtime, evaluation and export. It sits above the registries (tasks,
-models, algorithms, regularizers, partitions), which know nothing of each other; the training
-program (tff_decorr.run.training), the benchmarks and the end-to-end tests share it.
+"""Composition: from a resolved configuration (tff_decorr.configs.config) to the pieces of a run:
+task data, model, regulariser, algorithm, runtime, evaluation and export (`Experiment`). It sits
+above the registries (tasks, models, algorithms, regularizers, partitions), which know nothing of
+each other; the training program (tff_decorr.run.training), the benchmarks and the end-to-end tests
+share it. It runs no round: the round loop is tff_decorr.run.round_loop.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from tasks import client_data
 from tasks import registry as task_registry
 from tff_decorr.federated import aggregation
 from tff_decorr import algorithms
-from tff_decorr.run import config as config_lib
-from tff_decorr.run import export
+from tff_decorr.configs import config as config_lib
+from tff_decorr.run_files import export
 from tff_decorr import models
 from tff_decorr.models import precision
 from tff_decorr import partitions
@@ -79,10 +80,11 @@ class Experiment:
         sort_keys=True).encode()).hexdigest()[:12]
     cache_root = c.cache_dir or os.path.join(os.path.expanduser('~'), '.cache', 'tff_decorr')
     shard_dir = os.path.join(cache_root, c.task, f'{c.partition}-{key}')
-    # The privacy ledger of these examples (run/privacy_ledger.py), outside the cache; a ledger an
-    # earlier release kept beside the shards is moved into it before a rebuild could delete it.
+    # The privacy ledger of these examples (run_files/privacy_ledger.py), outside the cache; a
+    # ledger an earlier release kept beside the shards is moved into it before a rebuild could
+    # delete it.
     self.ledger = None
-    from tff_decorr.run import privacy_ledger  # pylint: disable=g-import-not-at-top
+    from tff_decorr.run_files import privacy_ledger  # pylint: disable=g-import-not-at-top
     if (isinstance(self.aggregator, aggregation.AccountedDpFactory) or
         os.path.exists(os.path.join(shard_dir, privacy_ledger.FILE_NAME))):
       self.ledger = privacy_ledger.open_for_run(c.task, client_data.examples_hash(images, labels),
@@ -166,7 +168,7 @@ class Experiment:
            'dp_assumes': list(aggregation.DP_ASSUMES),
            'dp_not_covered': self.dp_not_covered(save_local_models)}
     if ledger is not None:
-      from tff_decorr.run import privacy_ledger  # pylint: disable=g-import-not-at-top
+      from tff_decorr.run_files import privacy_ledger  # pylint: disable=g-import-not-at-top
       entries, unreadable = ledger.entries()
       out.update({
           'dp_ledger': ledger.path, 'dp_releases_on_data': len(entries),

@@ -1,4 +1,7 @@
-"""Small helpers shared by the absl binaries in bin/."""
+"""What the absl binaries in bin/ share: bin/train's flags (define_train_flags, also bin/study's per
+grid cell), the component flags generated from the registries, and their resolution into Configs
+(resolve_configs); paths as the user typed them, flag parsing, exit codes and the one error handler
+(run_guarded) that maps a failure to one line and a code."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import re
 from absl import flags
 from absl import logging
 
-from tff_decorr.run import deprecated_flags
+from tff_decorr.configs import deprecated_flags
 
 
 def user_path(path: str) -> str:
@@ -65,6 +68,22 @@ EXIT_RUN_FAILED = 3   # the run started and stopped: its last completed round is
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 
 
+# How a run that started can stop, as run_guarded maps it to an exit code. Declared here, in the
+# configuration layer, and raised as the round loop's subclasses (tff_decorr.run.round_loop:
+# NonFiniteError, DiskFullError, Interrupted), so that run_guarded names them without importing
+# the run program, a layer up.
+class RunFailedError(RuntimeError):
+  """The run started and stopped; its last completed round is checkpointed (EXIT_RUN_FAILED)."""
+
+
+class RunInterrupted(Exception):  # Not a KeyboardInterrupt subclass: callers print one line for it.
+  """The user interrupted the run (Ctrl-C); `completed_round` is the last checkpointed round."""
+
+  def __init__(self, completed_round: int):
+    super().__init__(f'interrupted after round {completed_round}')
+    self.completed_round = completed_round
+
+
 def os_error_message(e: OSError) -> str:
   """One line for an OS error: what failed, on which path, and what to do."""
   where = e.filename or ''
@@ -104,7 +123,6 @@ def run_guarded(prog: str, fn, interrupted_message=None) -> int:
   """Runs fn() and maps every failure a user can cause or meet to one line on stderr and an exit
   code, instead of a traceback from deep inside TensorFlow. Programming errors still raise."""
   import sys  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import program  # pylint: disable=g-import-not-at-top
   from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
 
   def fail(message, code):
@@ -113,14 +131,14 @@ def run_guarded(prog: str, fn, interrupted_message=None) -> int:
 
   try:
     return fn()
-  except program.Interrupted as e:
+  except RunInterrupted as e:
     print(f'{prog}: interrupted after round {e.completed_round}; re-run the same command to '
           'resume.', file=sys.stderr, flush=True)
     return EXIT_INTERRUPTED
   except KeyboardInterrupt:
     print(f'{prog}: {interrupted_message or "interrupted"}.', file=sys.stderr, flush=True)
     return EXIT_INTERRUPTED
-  except (program.NonFiniteError, program.DiskFullError, tff_context.WorkerLostError) as e:
+  except (RunFailedError, tff_context.WorkerLostError) as e:
     return fail(e, EXIT_RUN_FAILED)
   except (ValueError, tff_context.WorkerUnavailableError, tff_context.WorkerExposedError) as e:
     return fail(e, EXIT_USAGE)
@@ -245,7 +263,7 @@ def define_train_flags(fv) -> list:
 def define_component_flags(fv) -> None:
   """One flag per setting of every registered algorithm, regulariser, partition and aggregator,
   `--<component>_<setting>` (tff_decorr.hparams), plus the old spellings as deprecated aliases."""
-  from tff_decorr.run import config  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config  # pylint: disable=g-import-not-at-top
   for kind, name, spec in config.component_flag_specs():
     text = f'{spec.help} [{kind} {name}; default {spec.default}]'
     if spec.choices:
@@ -266,7 +284,7 @@ def resolve_configs(fv) -> list:
   Config per regulariser; output directories resolved (default: runs/<...>-<hash>)."""
   import sys  # pylint: disable=g-import-not-at-top
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import config  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config  # pylint: disable=g-import-not-at-top
   task = task_registry.get(fv.task)
   generic = {name: fv[name].value for name in config.GENERIC_FIELDS if name in fv}
   for name in ('data_dir', 'cache_dir'):
