@@ -79,7 +79,7 @@ class ProgramTest(absltest.TestCase):
     self.dir = tempfile.mkdtemp()
 
   def run_program(self, runtime, rounds, check_clients=None, clients_per_round=2, log=None,
-                  evaluate=None):
+                  evaluate=None, before_round=None):
     store = client_state.ClientStateStore(os.path.join(self.dir, 'client_states'),
                                           initial_fn=lambda: {'visits': np.int32(0)})
     loop = round_loop.LoopConfig(rounds=rounds, num_clients=4, clients_per_round=clients_per_round,
@@ -89,7 +89,8 @@ class ProgramTest(absltest.TestCase):
     summary = round_loop.run(runtime=runtime, algorithm=StubAlgorithm(), store=store, loop=loop,
                           output_dir=self.dir, evaluate_fn=evaluate,
                           export_fn=lambda w, d, meta: exported.append(d),
-                          check_clients=check_clients, log=log or (lambda s: None))
+                          check_clients=check_clients, before_round=before_round,
+                          log=log or (lambda s: None))
     return summary, store
 
   def metrics_rows(self):
@@ -177,6 +178,27 @@ class ProgramTest(absltest.TestCase):
     self.assertEqual([int(r['round']) for r in self.metrics_rows()], [1, 2, 3, 4])
     self.assertEqual([float(r['test_accuracy']) for r in self.metrics_rows()],
                      [23 / 90, 24 / 90, 25 / 90, 26 / 90])
+
+  def test_a_before_round_hook_keeps_the_overlap_only_if_it_does_not_share_the_evaluator(self):
+    for shares, expected in ((False, {1: True, 2: True, 3: False}), (True, {1: 0, 2: 0, 3: 0}),
+                             (None, {1: 0, 2: 0, 3: 0})):
+      self.dir = tempfile.mkdtemp()
+      threads = {}
+
+      def evaluate(state, r):
+        del state
+        threads[r] = threading.current_thread() is not threading.main_thread()
+        return {'test_accuracy': (22 + r) / 90}
+
+      def hook(round_num, server_state, client_inputs, client_states):
+        del round_num, server_state, client_inputs, client_states
+        return {}
+
+      if shares is not None:
+        hook.shares_evaluator = shares
+      self.run_program(StubRuntime(), rounds=3, evaluate=evaluate, before_round=hook)
+      # In the evaluation thread exactly when overlapped (the last round has no round after it).
+      self.assertEqual(threads, {r: bool(v) for r, v in expected.items()}, shares)
 
   def test_resumed_summary_equals_the_uninterrupted_one_exactly(self):
     uninterrupted, _ = self.run_program(StubRuntime(), rounds=3)

@@ -61,6 +61,9 @@ class LocalModels:
     self.clients = {str(c) for c in clients}
     self.rounds = set(int(r) for r in rounds)
     self.track = track
+    # Only tracking reads the evaluator's model (the local model's spectrum); saving alone leaves
+    # the round loop free to evaluate the global model while the next round trains.
+    self.shares_evaluator = track
     self.max_examples = max_examples
     self.ws = Workspace(exp.algorithm.model_fn, exp.algorithm.num_models)
     self._step = exp.algorithm.make_client_step(self.ws)

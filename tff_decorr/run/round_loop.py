@@ -445,7 +445,8 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
       run's hyper-parameters, with its final metrics at the end (TensorBoard's HParams dashboard).
     timer: optional phases.Phases, given the wall time of each phase of the loop.
     overlap_evaluation: evaluate round r in a second thread while round r+1 trains (module
-      docstring); ignored with before_round or on_round_end, which share the evaluator.
+      docstring); ignored with on_round_end, and with a before_round hook unless it has
+      `shares_evaluator = False`.
 
   Returns the summary, or None when the run already holds more rounds than `loop.rounds` (nothing
   is trained or written). Raises NonFiniteError (the last finite round stays checkpointed) and
@@ -484,8 +485,12 @@ def run(*, runtime, algorithm, store, loop: LoopConfig, output_dir: str,
   start_round = completed + 1
   server_state = state['server_state']
   # Evaluation of round r overlaps round r+1's training (module docstring) unless a hook shares
-  # the evaluator or the round's state with it.
-  overlap = overlap_evaluation and before_round is None and on_round_end is None
+  # the evaluator or the round's state with it. A before_round hook that does not may say so
+  # (`shares_evaluator = False`: collapse_tracking.LocalModels when it only saves local models);
+  # one that does not say is taken to share it.
+  overlap = (overlap_evaluation and not getattr(before_round, 'shares_evaluator', True) and
+             on_round_end is None) if before_round is not None else (
+                 overlap_evaluation and on_round_end is None)
   evaluations = concurrent.futures.ThreadPoolExecutor(
       max_workers=1, thread_name_prefix='tff_decorr_evaluation') if overlap else None
   times = []
