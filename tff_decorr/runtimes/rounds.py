@@ -46,6 +46,8 @@ SERVER_PREFIX = 'server/'
 def flat_server_metrics(metrics) -> dict:
   """The server step's scalars (`Round.server_update_with_metrics`) as the round's metrics
   {'server/<name>': float}, next to the clients' sums (metrics.csv and TensorBoard columns)."""
+  if not metrics:  # None here: an empty structure comes back from a remote worker as ().
+    return {}
   return {SERVER_PREFIX + name: float(np.asarray(value)) for name, value in metrics.items()}
 
 
