@@ -69,12 +69,13 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   from tff_decorr.collapse import plots  # pylint: disable=g-import-not-at-top
-  alpha, classes_per_client = FLAGS.dirichlet_alpha, FLAGS.pathological_classes_per_client
-  for old in deprecated_flags.given(FLAGS, _DEPRECATED):
-    print(deprecated_flags.warning(old, deprecated_flags.replacements(old)), file=sys.stderr)
-  alpha = FLAGS.alpha if FLAGS.alpha is not None else alpha
-  if FLAGS.classes_per_client is not None:
-    classes_per_client = FLAGS.classes_per_client
+  translation = deprecated_flags.translate(deprecated_flags.given(FLAGS, _DEPRECATED))
+  for line in translation.warnings:
+    print(line, file=sys.stderr)
+  # A deprecated spelling given wins here: today's flags always hold a value (their defaults).
+  alpha = translation.settings.get('dirichlet', {}).get('alpha', FLAGS.dirichlet_alpha)
+  classes_per_client = translation.settings.get('pathological', {}).get(
+      'classes_per_client', FLAGS.pathological_classes_per_client)
   try:
     counts, task = partition_counts(FLAGS.task, FLAGS.partition, alpha, classes_per_client,
                                     FLAGS.num_clients, FLAGS.seed, FLAGS.data_dir)

@@ -1,7 +1,10 @@
 """Configuration resolution: component flags, old spellings, old config.json files and default
 run-directory names stay what they were before component settings existed."""
 
+import contextlib
+import io
 import os
+import sys
 from unittest import mock
 
 from absl.testing import absltest
@@ -9,7 +12,9 @@ from absl.testing import flagsaver
 import tensorflow as tf
 
 from bin import train
+from tff_decorr.configs import cli
 from tff_decorr.configs import config
+from tff_decorr.configs import deprecated_flags
 from tff_decorr.run_files import run_dir
 
 # Default run-directory names printed by bin/train at commit 7dc4b1f (before component settings)
@@ -251,6 +256,53 @@ class ConfigTest(absltest.TestCase):
     self.assertEqual(c.rounds, 15)  # The task's default.
     with self.assertRaisesRegex(ValueError, 'unknown setting.*beta'):
       config.make(beta=0.1)
+
+
+  def test_flags_reach_their_configs_in_one_pass(self):
+    # docs/DESIGN.md: read the flags (cli), translate the old spellings (deprecated_flags), resolve
+    # the components, build and validate the Configs, name their directories (config); each step
+    # called once from resolve_configs, and none calls back into an earlier step's module. Every
+    # Python call made while resolving is recorded, with its module and its caller.
+    steps_module = ('tff_decorr.configs.cli', 'tff_decorr.configs.deprecated_flags',
+                    'tff_decorr.configs.config')
+    driver = cli.resolve_configs.__code__
+    calls = []
+
+    def record(frame, event, unused_arg):
+      if event == 'call' and frame.f_code is not driver:
+        calls.append((frame.f_globals.get('__name__'), frame.f_code.co_name,
+                      frame.f_back.f_code is driver if frame.f_back else False))
+
+    stderr = io.StringIO()
+    with flagsaver.flagsaver(algorithm='fedprox', mu=0.3, regularizer='none,feddecorr',
+                             feddecorr_beta=0.2), contextlib.redirect_stderr(stderr):
+      sys.setprofile(record)
+      try:
+        configs = train.resolve_configs(train.FLAGS)
+      finally:
+        sys.setprofile(None)
+    visits = [module for module, _, _ in calls if module in steps_module]
+    visits = [m for i, m in enumerate(visits) if i == 0 or visits[i - 1] != m]
+    self.assertEqual(visits, list(steps_module))
+    self.assertEqual([name for module, name, from_driver in calls
+                      if from_driver and module in steps_module],
+                     ['read_flags', 'translate_flags', 'resolve_components', 'build',
+                      'set_output_dirs'])
+    # The old spelling's value reached both Configs, translated once, with one warning.
+    self.assertEqual([c.hparams['fedprox'].mu for c in configs], [0.3, 0.3])
+    self.assertEqual(stderr.getvalue().count('--mu is deprecated'), 1, stderr.getvalue())
+    self.assertEqual(stderr.getvalue().count('warning:'), 1, stderr.getvalue())
+
+  def test_deprecation_warnings_name_the_generated_flags(self):
+    # deprecated_flags words its warnings without asking the registries: each alias target's flag
+    # is <component>_<field>, which must stay so (a field renamed by `flag=` would break it).
+    for old, targets in deprecated_flags.ALIASES.items():
+      for target in targets:
+        component, field = target.split('.')
+        kind = next(k for k in config.KINDS if component in config.registry(k).names())
+        flag = config.registry(kind).hparams_class(component).flag_name(field)
+        self.assertIn(f'--{flag}', deprecated_flags.replacements(old))
+        self.assertEqual(flag, target.replace('.', '_'))
 
 
 if __name__ == '__main__':

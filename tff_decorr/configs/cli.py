@@ -1,13 +1,16 @@
 """What the absl binaries in bin/ share: bin/train's flags (define_train_flags, also bin/study's per
-grid cell), the component flags generated from the registries, and their resolution into Configs
-(resolve_configs); paths as the user typed them, flag parsing, exit codes and the one error handler
+grid cell), the component flags generated from the registries, and the path from parsed flags to
+Configs (resolve_configs: the one place that calls its five steps in order; step 1, read_flags, is
+here); paths as the user typed them, flag parsing, exit codes and the one error handler
 (run_guarded) that maps a failure to one line and a code."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import re
+from typing import Any, Dict, List
 
 from absl import flags
 from absl import logging
@@ -279,32 +282,60 @@ def define_component_flags(fv) -> None:
   deprecated_flags.define(fv, flags)
 
 
-def resolve_configs(fv) -> list:
-  """Configs from parsed flags (bin/train): flags > task defaults > component defaults. One
-  Config per regulariser; output directories resolved (default: runs/<...>-<hash>)."""
-  import sys  # pylint: disable=g-import-not-at-top
+@dataclasses.dataclass(frozen=True)
+class GivenFlags:
+  """Step 1's result: the command line as data, nothing resolved yet."""
+  task: Any  # tasks.registry's Task of --task
+  # {flag: value} of every flag with a value (not None), the deprecated spellings among them;
+  # --data_dir and --cache_dir absolute ('' when not given); without --regularizer, --output_dir.
+  values: Dict[str, Any]
+  regularizers: List[str]  # --regularizer's list (default: the task's), each once
+  output_dir: str  # --output_dir, absolute; '' for the default run directories
+  runs_dir: str  # where default run directories go: runs/ in the user's working directory
+
+
+def read_flags(fv) -> GivenFlags:
+  """Step 1 of resolve_configs: reads the parsed flags `fv` (absl). Which of them are settings, and
+  of what, is for the later steps to say; this one only reads values and the user's paths."""
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from tff_decorr.configs import config  # pylint: disable=g-import-not-at-top
   task = task_registry.get(fv.task)
-  generic = {name: fv[name].value for name in config.GENERIC_FIELDS if name in fv}
+  values = {name: fv[name].value for name in fv
+            if fv[name].name == name and fv[name].value is not None}
   for name in ('data_dir', 'cache_dir'):
-    generic[name] = user_path(generic.get(name) or '')
-  generic.pop('output_dir', None)
-  components = {}
-  for _, name, spec in config.component_flag_specs():
-    components.setdefault(name, {})[spec.field] = fv[spec.name].value
-  legacy = deprecated_flags.given(fv)
-  regs = fv.regularizer or task.defaults.get('regularizer', 'feddecorr')
+    values[name] = user_path(values.get(name) or '')
+  values.pop('output_dir', None)
+  regs = values.pop('regularizer', None) or task.defaults.get('regularizer', 'feddecorr')
   # Each regulariser once (`none,none` is one run, not the same run twice).
   reg_list = list(dict.fromkeys(r.strip() for r in str(regs).split(',') if r.strip()))
-  configs = config.resolve(task, generic, components, legacy, reg_list,
-                           warn=lambda s: print(s, file=sys.stderr, flush=True))
-  for c in configs:
-    if fv.output_dir:
-      out = user_path(fv.output_dir)
-      c.output_dir = os.path.join(out, c.regularizer) if len(configs) > 1 else out
-    else:
-      c.output_dir = user_path(os.path.join(
-          'runs', f'{c.task}-{c.algorithm}-{c.regularizer}-'
-          f'{config.directory_hash(c, task, legacy)}'))
+  if not reg_list:
+    raise ValueError('--regularizer: empty; give none, feddecorr, feduv or decov.')
+  return GivenFlags(task=task, values=values, regularizers=reg_list,
+                    output_dir=user_path(fv.output_dir or ''), runs_dir=user_path('runs'))
+
+
+def resolve_configs(fv) -> list:
+  """Configs from parsed flags (bin/train, bin/study per cell): flags > task defaults > component
+  defaults; one Config per regulariser, each with its output directory (default:
+  runs/<...>-<hash>).
+
+  In five steps, each in one place and called once, here, in this order (docs/DESIGN.md,
+  "Configuration and hyper-parameters"); a step calls nothing of an earlier step's module
+  (tests/config_test.py traces it):
+    1. read the parsed flags (cli.read_flags);
+    2. translate the deprecated spellings, warning once each (deprecated_flags.translate_flags);
+    3. resolve the components and generic settings (config.resolve_components, over the
+       registries);
+    4. build and validate one Config per regulariser (config.build);
+    5. name the output directories (config.set_output_dirs).
+  """
+  import sys  # pylint: disable=g-import-not-at-top
+  from tff_decorr.configs import config  # pylint: disable=g-import-not-at-top
+  given = read_flags(fv)
+  translation = deprecated_flags.translate_flags(given.values)
+  for line in translation.warnings:
+    print(line, file=sys.stderr, flush=True)
+  resolution = config.resolve_components(given.task, translation.values, translation.settings,
+                                         given.regularizers)
+  configs = config.build(resolution)
+  config.set_output_dirs(configs, resolution, given.output_dir, given.runs_dir)
   return configs

@@ -9,9 +9,14 @@ holds their plain form, e.g. `{'fedprox': {'mu': 0.001}, 'dirichlet': {'alpha': 
 The client optimiser is a typed object as well (`Config.client_optimizer`, an
 `algorithms.ClientConfig`) built from the generic `client_lr`, `momentum` and `weight_decay`.
 
-`resolve` turns explicitly given values into Configs: explicit > the task's paper defaults (keyed
-`'<component>.<field>'`) > the component's own defaults. The flag spellings used before the
-component flags existed (`--mu`, `--beta`, `--alpha`, ...) are accepted as aliases for one
+Resolution is explicit > the task's paper defaults (keyed `'<component>.<field>'`) > the
+component's own defaults. From flags (tff_decorr/configs/cli.py: resolve_configs) it is steps 3 to
+5 of five, each a function here called once: `resolve_components` (the settings of each
+regulariser's run, over the registries), `build` (one validated Config per regulariser) and
+`set_output_dirs`; the flags were read (step 1, cli) and their deprecated spellings translated
+(step 2, deprecated_flags) before, and none of these calls either module back. `resolve` is steps
+2 to 4 for code with values instead of flags, `make` for keywords. The flag spellings used before
+the component flags existed (`--mu`, `--beta`, `--alpha`, ...) are accepted as aliases for one
 release (tff_decorr/configs/deprecated_flags.py says which), and `from_dict` migrates config.json
 files written with them, so old commands and run directories keep working; default run-directory
 names are hashed over that older flat form, so re-running an old command finds its old run.
@@ -251,10 +256,23 @@ def choose_runtime(requested: str, workers: str = '',
                 f'a time on {cores} CPU core(s) (--runtime=tff for TFF\'s worker)')
 
 
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+  """Step 3's result: every setting of each regulariser's run, before any Config is made."""
+  task: Any
+  values: Dict[str, Any]  # the generic settings: explicit > task default > Config's default
+  regularizers: List[str]
+  # Per regulariser: {component: {field: value}} of its chosen components, complete (explicit >
+  # task default > the component's default), not yet validated (step 4 does it).
+  settings: List[Dict[str, Dict[str, Any]]]
+  aliased: Dict[str, Dict[str, Any]]  # what deprecated spellings set (step 5 hashes it)
+
+
 def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[str, Any]],
             legacy: Mapping[str, Any], regularizers: Sequence[str],
             warn=print) -> List[Config]:
-  """One Config per regulariser, from explicitly given values.
+  """One Config per regulariser, from explicitly given values (for code without flags: steps 2 to 4
+  of bin/train's path, tff_decorr/configs/cli.py: resolve_configs).
 
   Args:
     task: the task (its `defaults` are the paper's settings).
@@ -264,6 +282,41 @@ def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[s
     legacy: explicitly given old-style flags {name: value} (tff_decorr.configs.deprecated_flags).
     regularizers: the regularisers, one Config each.
   """
+  # The arguments' own errors first, before any warning (bin/train checks --regularizer as it
+  # parses it, and its --algorithm is one of the registered).
+  registry('algorithm').algorithm_class(generic_values(task, generic)['algorithm'])
+  if not regularizers:
+    raise ValueError('--regularizer: empty; give none, feddecorr, feduv or decov.')
+  translation = deprecated_flags.translate(legacy)
+  for line in translation.warnings:
+    warn(line)
+  return build(_resolve(task, generic, components, translation.settings, regularizers))
+
+
+def resolve_components(task, values: Mapping[str, Any], aliased: Mapping[str, Mapping[str, Any]],
+                       regularizers: Sequence[str]) -> Resolution:
+  """Step 3 of resolve_configs: the given flags `values` ({flag: value} in today's spellings;
+  names that are no setting, the run program's own flags, are left out) and what deprecated
+  spellings set (`aliased`, step 2's) resolved: explicit > the task's default > the default."""
+  generic, components, _ = _split_settings(values)
+  return _resolve(task, generic, components, aliased, regularizers)
+
+
+def _split_settings(values: Mapping[str, Any]):
+  """(generic {field: value}, components {component: {field: value}}, the other names) of values
+  named as flags: generic fields by name, component settings by flag name (`fedprox_mu`)."""
+  generic = {k: v for k, v in values.items() if k in GENERIC_FIELDS}
+  components: Dict[str, Dict[str, Any]] = {}
+  named = set(generic)
+  for _, name, spec in component_flag_specs():
+    named.add(spec.name)
+    if spec.name in values:
+      components.setdefault(name, {})[spec.field] = values[spec.name]
+  return generic, components, [k for k in values if k not in named]
+
+
+def _resolve(task, generic, components, aliased, regularizers) -> Resolution:
+  """Step 3 over settings already told apart (generic, {component: {field: value}})."""
   defaults = dict(task.defaults)
   defaults.setdefault('partition', task.default_partition)
   values = generic_values(task, generic)
@@ -278,9 +331,12 @@ def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[s
   algorithm_cls = registry('algorithm').algorithm_class(values['algorithm'])
   if generic.get('projection_dim') is None and not algorithm_cls.projection_head:
     values['projection_dim'] = 0  # The task's head width is a setting of algorithms that use one.
-  if not regularizers:
-    raise ValueError('--regularizer: empty; give none, feddecorr, feduv or decov.')
-  explicit = _explicit_settings(components, legacy, warn)
+  # Explicit settings: the component flags win over what old spellings set.
+  explicit = {component: dict(fields) for component, fields in aliased.items()}
+  for component, fields in components.items():
+    for field, value in fields.items():
+      if value is not None:
+        explicit.setdefault(component, {})[field] = value
   chosen_all = {values['algorithm'], values['partition'], values['aggregator'], *regularizers}
   for component in components:
     if component not in chosen_all and any(v is not None for v in components[component].values()):
@@ -290,16 +346,37 @@ def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[s
                        f'{values["algorithm"]}, --regularizer={",".join(regularizers)}, '
                        f'--partition={values["partition"]}, --aggregator='
                        f'{values["aggregator"]}); drop it or choose {component}.')
-  configs = []
+  settings = []
   for reg in regularizers:
-    c = Config(**{**values, 'regularizer': reg})
-    for kind in KINDS:
-      name = getattr(c, kind)
-      if name in registry(kind).names():
-        c.hparams[name] = _component_settings(kind, name, explicit, defaults)
+    chosen = {kind: reg if kind == 'regularizer' else values[kind] for kind in KINDS}
+    settings.append({name: _component_settings(kind, name, explicit, defaults)
+                     for kind, name in chosen.items() if name in registry(kind).names()})
+  return Resolution(task=task, values=values, regularizers=list(regularizers), settings=settings,
+                    aliased={c: dict(f) for c, f in aliased.items()})
+
+
+def build(resolution: Resolution) -> List[Config]:
+  """Step 4 of resolve_configs: one Config per regulariser, each validated (its components'
+  settings as it is made, errors naming their flags, then the generic ones: `validate`)."""
+  configs = []
+  for reg, settings in zip(resolution.regularizers, resolution.settings):
+    c = Config(**{**resolution.values, 'regularizer': reg, 'hparams': settings})
     validate(c)
     configs.append(c)
   return configs
+
+
+def set_output_dirs(configs: Sequence[Config], resolution: Resolution, output_dir: str,
+                    runs_dir: str) -> None:
+  """Step 5 of resolve_configs: each Config's run directory. `output_dir` (absolute; one
+  sub-directory per regulariser when there are several), or by default
+  `runs_dir`/<task>-<algorithm>-<regularizer>-<directory_hash>."""
+  for c in configs:
+    if output_dir:
+      c.output_dir = os.path.join(output_dir, c.regularizer) if len(configs) > 1 else output_dir
+    else:
+      c.output_dir = os.path.join(runs_dir, f'{c.task}-{c.algorithm}-{c.regularizer}-'
+                                  f'{directory_hash(c, resolution.task, resolution.aliased)}')
 
 
 def generic_values(task, generic: Mapping[str, Any]) -> Dict[str, Any]:
@@ -319,24 +396,13 @@ def _flag(component: str, field: str) -> str:
   return f'{component}_{field}'
 
 
-def _explicit_settings(components, legacy, warn) -> Dict[str, Dict[str, Any]]:
-  """{component: {field: value}} from the component flags and the old spellings (the flags win)."""
-  explicit = deprecated_flags.translate(legacy, _flag, warn)
-  for component, fields in components.items():
-    for field, value in fields.items():
-      if value is not None:
-        explicit.setdefault(component, {})[field] = value
-  return explicit
-
-
-def _component_settings(kind, name, explicit, task_defaults) -> 'HParams':
-  """Explicit > task default ('<name>.<field>') > the component's own default."""
+def _component_settings(kind, name, explicit, task_defaults) -> Dict[str, Any]:
+  """Explicit > task default ('<name>.<field>') > the component's own default, as {field: value}
+  (the Config validates it when it is made)."""
   cls = registry(kind).hparams_class(name)
-  out = {}
-  for f in dataclasses.fields(cls):
-    out[f.name] = explicit.get(name, {}).get(
-        f.name, task_defaults.get(f'{name}.{f.name}', f.default))
-  return cls.from_mapping(out)  # Validated; normalised (e.g. fedavgm form aliases).
+  given = explicit.get(name, {})
+  return {f.name: given.get(f.name, task_defaults.get(f'{name}.{f.name}', f.default))
+          for f in dataclasses.fields(cls)}
 
 
 def from_dict(d: Mapping[str, Any]) -> Config:
@@ -399,24 +465,22 @@ def _migrate_flat(d: dict) -> dict:
   return out
 
 
-def directory_hash(config: Config, task, legacy: Mapping[str, Any]) -> str:
+def directory_hash(config: Config, task, aliased: Mapping[str, Mapping[str, Any]]) -> str:
   """The 8-hex-digit hash in default run-directory names.
 
   Computed over the flat form configurations had before component settings existed (every old
   key, each with the value the old resolution gave it), so an old command finds its old run;
   settings with no old key (a newly registered component's) are added under
-  '<component>_<field>'."""
+  '<component>_<field>'. `aliased` is what deprecated spellings set ({component: {field: value}},
+  deprecated_flags.translate's settings): an old flag given for a component the run does not use
+  was part of the flat form, so it stays in the name."""
   defaults = dict(task.defaults)
 
   def setting(component, field, fallback):
     if component in config.hparams:
       return getattr(config.hparams[component], field)
-    for old, targets in LEGACY_ALIASES.items():  # An old flag given for an unused component.
-      if f'{component}.{field}' in targets and legacy.get(old) is not None:
-        return legacy[old]
-    for old, target in _LEGACY_SAME.items():
-      if target == f'{component}.{field}' and legacy.get(old) is not None:
-        return legacy[old]
+    if field in aliased.get(component, {}):  # An old flag given for an unused component.
+      return aliased[component][field]
     return defaults.get(f'{component}.{field}', fallback)
 
   flat = {k: v for k, v in config.to_dict().items() if k != 'hparams'}
@@ -461,13 +525,9 @@ def make(**values) -> Config:
   defaults, as bin/train resolves it. An unknown keyword is an error."""
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   task = task_registry.get(values.get('task', Config.task))
-  generic = {k: values.pop(k) for k in list(values) if k in GENERIC_FIELDS}
-  components: Dict[str, Dict[str, Any]] = {}
-  for _, name, spec in component_flag_specs():
-    if spec.name in values:
-      components.setdefault(name, {})[spec.field] = values.pop(spec.name)
-  if values:
-    raise ValueError(f'make: unknown setting(s) {", ".join(sorted(values))}; give generic fields '
+  generic, components, unknown = _split_settings(values)
+  if unknown:
+    raise ValueError(f'make: unknown setting(s) {", ".join(sorted(unknown))}; give generic fields '
                      'or component settings by flag name (e.g. dirichlet_alpha).')
   # One Config: a task's list of regularisers (digits: 'none,feddecorr') is bin/train's business.
   regularizer = generic.pop('regularizer', Config.regularizer)

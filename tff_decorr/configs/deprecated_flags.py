@@ -3,8 +3,14 @@
 Before components declared their own settings (tff_decorr.hparams), bin/train had flat flags
 (`--mu`, `--beta`, `--alpha`, ...), and bin/partition `--alpha` / `--classes_per_client`. They
 are accepted as aliases of today's component flags, each with a warning naming its replacement,
-until release REMOVED_IN; removing them then means deleting `define`, `given` and `translate`'s
-callers in tff_decorr/configs/cli.py and bin/partition.py.
+until release REMOVED_IN; removing them then means deleting `define`, `given`, `translate` and
+`translate_flags`' callers in tff_decorr/configs/ (cli, config.resolve) and bin/partition.py.
+
+Translation is step 2 of the path from flags to Configs (tff_decorr/configs/cli.py:
+resolve_configs, docs/DESIGN.md): after the flags are parsed and before any component is resolved,
+and once. It returns the warnings as data and calls nothing of the other steps (no callback into
+the command line or the registries): the flag a warning names is `<component>_<field>` of its
+target, which no alias target renames.
 
 What stays after that release, because it concerns runs already written rather than flags: the
 tables `ALIASES` and `SAME_KEYS` also describe the flat config.json files of old runs, which
@@ -14,7 +20,8 @@ run-directory names (so an old command finds its old run).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Tuple
+import dataclasses
+from typing import Any, Dict, Mapping, Tuple
 
 from tff_decorr import __version__
 
@@ -61,18 +68,37 @@ def given(fv, names=None) -> Dict[str, Any]:
   return {old: fv[old].value for old in names or ALIASES if fv[old].value is not None}
 
 
-def translate(legacy: Mapping[str, Any], flag_name: Callable[[str, str], str],
-              warn=print) -> Dict[str, Dict[str, Any]]:
-  """{component: {field: value}} that old spellings `legacy` ({old: value}; also SAME_KEYS)
-  stand for, warning once per deprecated alias; `flag_name(component, field)` is today's flag."""
-  out: Dict[str, Dict[str, Any]] = {}
+@dataclasses.dataclass(frozen=True)
+class Translation:
+  """What old spellings stand for in today's terms."""
+  settings: Dict[str, Dict[str, Any]]  # {component: {field: value}} the old spellings set
+  warnings: Tuple[str, ...]  # one line per deprecated alias given, in the order given
+  # translate_flags: the given flags other than the old spellings ({flag: value}).
+  values: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def translate(legacy: Mapping[str, Any]) -> Translation:
+  """What old spellings `legacy` ({old: value}: ALIASES, also SAME_KEYS) stand for, and one warning
+  per deprecated alias given (SAME_KEYS are no flags of their own: no warning)."""
+  settings: Dict[str, Dict[str, Any]] = {}
+  warnings = []
   for old, value in legacy.items():
     if value is None:
       continue
     targets = ALIASES.get(old) or (SAME_KEYS[old],)
     if old in ALIASES:
-      warn(warning(old, ' / '.join('--' + flag_name(*t.split('.')) for t in targets)))
+      warnings.append(warning(old, replacements(old)))
     for target in targets:
       component, field = target.split('.')
-      out.setdefault(component, {})[field] = value
-  return out
+      settings.setdefault(component, {})[field] = value
+  return Translation(settings=settings, warnings=tuple(warnings))
+
+
+def translate_flags(values: Mapping[str, Any]) -> Translation:
+  """Step 2 of resolve_configs: the given flags `values` ({flag: value}, step 1's) split into
+  today's spellings (`values` of the result) and what the deprecated ones among them stand for,
+  warned of in ALIASES' order (as their flags are defined)."""
+  legacy = {old: values[old] for old in ALIASES if values.get(old) is not None}
+  translation = translate(legacy)
+  return dataclasses.replace(translation,
+                             values={k: v for k, v in values.items() if k not in ALIASES})

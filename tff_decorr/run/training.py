@@ -1,5 +1,5 @@
 """The training program as a library call: `tff_decorr.run.training.train(config)` (also
-`tff_decorr.train`). bin/train is its command line: flags -> `config.resolve` -> `train`.
+`tff_decorr.train`). bin/train is its command line: flags -> `cli.resolve_configs` -> `train`.
 
 The run from start to end, in three modules: this one prepares the run directory (lock, compare,
 config.json once every check has passed), has the run's pieces composed (tff_decorr.run.composition:
@@ -122,8 +122,8 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
           log=print, timer: Optional[phases.Phases] = None) -> Optional[dict]:
   """Runs (or resumes) one configuration in `config.output_dir`; returns its summary.
 
-  `config` comes from `tff_decorr.configs.config.resolve` (what bin/train does with its flags) or is
-  built directly. Re-running with the same configuration resumes after the last completed round.
+  `config` comes from `tff_decorr.configs.cli.resolve_configs` (what bin/train does with its
+  flags), `config.resolve` or `config.make`, or is built directly. Re-running with the same configuration resumes after the last completed round.
   Returns None when the directory already holds more rounds than `config.rounds`. Raises
   ValueError (bad settings, unusable directory, round_loop.CheckpointError),
   round_loop.NonFiniteError, round_loop.DiskFullError, round_loop.Interrupted.
@@ -134,7 +134,7 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
   timer = timer or phases.Phases()
   setup_start = time.perf_counter()
   round_loop.set_gpu_memory_growth()
-  if config.runtime == 'auto':  # A Config built directly (config.resolve resolves it already).
+  if config.runtime == 'auto':  # A Config built directly (resolution resolves it already).
     runtime, why = config_lib.choose_runtime(config.runtime, config.workers, config.aggregator)
     config = dataclasses.replace(config, runtime=runtime)
     log(f'Runtime: {runtime} ({why})')
