@@ -14,8 +14,8 @@ two rows is the effect of the initialisation alone. The reference's own figures 
 1 and 2, measured with its main.py on the same data when the comparison began) are printed beside
 them.
 
-  .venv/bin/python -m bench.fidelity                          # alpha 0.05, seeds 0-2, both inits
-  .venv/bin/python -m bench.fidelity --alphas=0.05,0.5 --inits=reference
+  .venv/bin/python -m bench.accuracy.fidelity                 # alpha 0.05, seeds 0-2, both inits
+  .venv/bin/python -m bench.accuracy.fidelity --alphas=0.05,0.5 --inits=reference
 
 Runs already finished are reused (bin/train resumes), so an interrupted benchmark continues.
 Writes bench/results/fidelity_alpha<alphas>.json.
@@ -25,14 +25,15 @@ fedprox, fedavgm, fedadam, fedexp, fedlc, fedrs, fedsam) and `--sides=project,re
 algorithm on both sides at the same setting, `--regularizers` none and/or feddecorr (feddecorr
 only where the reference's approach has it: not fedlc, fedrs, fedsam). The reference side is its
 own main.py, one subprocess of the PyTorch environment per seed (`--torch_python`,
-bench/reference_main.py, which says how to install that environment and what it changes: data
-from an .npz, evaluations other than the global test one skipped, .cuda() the identity); the
-algorithm's values on both sides are bench/reference_main.ALGORITHMS' (the reference's CIFAR-10
-scripts and defaults; FedAvgM with the reference's form and `--fedavgm_bn=reference`). The model
-starts from its default (the reference's) initialisation; `--inits` is for the table above only.
+bench/reference/reference_main.py, which says how to install that environment and what it changes:
+data from an .npz, evaluations other than the global test one skipped, .cuda() the identity); the
+algorithm's values on both sides are bench/reference/reference_main.ALGORITHMS' (the reference's
+CIFAR-10 scripts and defaults; FedAvgM with the reference's form and `--fedavgm_bn=reference`). The
+model starts from its default (the reference's) initialisation; `--inits` is for the table above
+only.
 
-  .venv/bin/python -m bench.fidelity --algorithms=fedprox,fedavgm --sides=project,reference \
-      --seeds=0,1,2 --regularizers=none
+  .venv/bin/python -m bench.accuracy.fidelity --algorithms=fedprox,fedavgm \
+      --sides=project,reference --seeds=0,1,2 --regularizers=none
 
 Finished runs are reused (project: its summary.json; reference: its JSON under
 <output_dir>/r<rounds>/reference/), so the grid can be spread over sessions; FedAvg's project
@@ -54,20 +55,22 @@ import time
 from absl import app
 from absl import flags
 
-# TensorFlow before absl's app.run (see bench/accuracy.py).
+# TensorFlow before absl's app.run (see bench/accuracy/feddecorr_cifar10.py).
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
-from bench import reference_main  # pylint: disable=g-import-not-at-top
+from bench import _common  # pylint: disable=g-import-not-at-top
 from bench import settings  # pylint: disable=g-import-not-at-top
+from bench.reference import reference_main  # pylint: disable=g-import-not-at-top
 from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
 from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
 from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = _common.ROOT
 
 # The reference (bytedance/FedDecorr main.py) at this setting, final test accuracy %: measured
-# with its own main.py on the same data before bench/reference_main.py existed, not re-run here.
+# with its own main.py on the same data before bench/reference/reference_main.py existed, not re-run
+# here.
 REFERENCE = {('0.05', 'none'): {1: 17.6, 2: 21.8}, ('0.05', 'feddecorr'): {1: 15.7, 2: 19.6}}
 
 flags.DEFINE_string('data_dir', os.path.join(os.path.dirname(_ROOT), 'shared', 'data', 'tfds'),
@@ -89,7 +92,8 @@ flags.DEFINE_list('regularizers', ['none', 'feddecorr'],
 flags.DEFINE_string('reference_dir', reference_main.DEFAULT_REFERENCE_DIR,
                     'Checkout of bytedance/FedDecorr (reference side).')
 flags.DEFINE_string('torch_python', '/tmp/torchenv/bin/python',
-                    'Python of the PyTorch environment (bench/reference_main.py says which).')
+                    'Python of the PyTorch environment (bench/reference/reference_main.py says '
+                    'which).')
 flags.DEFINE_string('reference_data', '', 'The shared CIFAR-10 as an .npz for the reference '
                     '(default <output_dir>/ref_cifar10.npz, exported here when missing).')
 
@@ -198,7 +202,7 @@ def _reference_run(path, algorithm, alpha, reg, seed):
     argv = reference_main.reference_argv(algorithm, int(seed), reg, float(alpha), FLAGS.rounds)
     log_path = os.path.splitext(path)[0] + '.stdout'
     with open(log_path, 'w') as log:
-      rc = subprocess.run([FLAGS.torch_python, os.path.join(_ROOT, 'bench', 'reference_main.py'),
+      rc = subprocess.run([FLAGS.torch_python, os.path.join(_ROOT, 'bench', 'reference', 'reference_main.py'),
                            f'--reference_dir={os.path.abspath(FLAGS.reference_dir)}',
                            f'--data={os.path.abspath(_reference_data())}', f'--out={path}', '--',
                            *argv], stdout=log, stderr=subprocess.STDOUT, check=False).returncode
@@ -254,7 +258,7 @@ def _algorithms_table():
         results[f'{alpha}/{alg}/{reg}'] = cell
   name = 'fidelity_algorithms' + ('' if FLAGS.rounds == 10 else f'_r{FLAGS.rounds}') + '.json'
   path = os.path.join(_ROOT, 'bench', 'results', name)
-  report = {'setting': _SETTING + '; reference: its main.py (bench/reference_main.py)',
+  report = {'setting': _SETTING + '; reference: its main.py (bench/reference/reference_main.py)',
             'rounds': FLAGS.rounds, 'runtime': FLAGS.runtime, 'results': {}}
   if os.path.exists(path):  # Cells of earlier invocations are kept; this one's replace theirs.
     with open(path) as f:

@@ -7,9 +7,11 @@ decay 1e-5, batch 64, beta 0.1). Project runs go through bin/study with the test
 round, the global model exported every 10 rounds and client 0's local model of the last round
 saved, so bin/report gives the spectra at rounds 10, 20, 30 and the local-vs-global gap.
 
-  .venv/bin/python -m bench.reproduction --sides=project --seeds=0,1,2     # one seed at a time
-  .venv/bin/python -m bench.reproduction --sides=reference --seeds=0   # the reference's main.py
-  .venv/bin/python -m bench.reproduction --figures                         # from the committed files
+  .venv/bin/python -m bench.accuracy.reproduction --sides=project --seeds=0,1,2  # a seed at a time
+  .venv/bin/python -m bench.accuracy.reproduction --sides=reference --seeds=0    # its main.py
+  .venv/bin/python -m bench.accuracy.reproduction --figures           # from the committed files
+
+(`python -m bench.reproduction`, the name long runs were started with, runs this module too.)
 
 Each finished run is archived at once into bench/results/reproduction/alpha<alpha>/ (bin/report
 --archive_dir: config, summary, metrics.csv and spectra.json a run; the reference's JSON under
@@ -35,9 +37,10 @@ import numpy as np
 from absl import app
 from absl import flags
 
+from bench import _common
 from bench import settings
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = _common.ROOT
 METHODS = ('none', 'feddecorr')
 LABELS = {'none': 'FedAvg', 'feddecorr': 'FedAvg + FedDecorr'}
 
@@ -61,9 +64,11 @@ _WORK_DIR = flags.DEFINE_string('work_dir', '/tmp/tff_decorr_reproduction',
 _DATA_DIR = flags.DEFINE_string('data_dir', os.path.join(os.path.dirname(_ROOT), 'shared', 'data',
                                                          'tfds'), 'TFDS data dir holding cifar10.')
 _TORCH_PYTHON = flags.DEFINE_string('torch_python', '/tmp/torchenv/bin/python',
-                                    'Python of the PyTorch environment (bench/reference_main.py).')
+                                    'Python of the PyTorch environment '
+                                    '(bench/reference/reference_main.py).')
 _REFERENCE_DIR = flags.DEFINE_string('reference_dir', '/tmp/FedDecorr',
-                                     'Checkout of the reference (bench/reference_main.py).')
+                                     'Checkout of the reference '
+                                     '(bench/reference/reference_main.py).')
 _REFERENCE_PARALLEL = flags.DEFINE_integer(
     'reference_parallel', 1, 'Reference runs at once, the cores split between them. 1: a run '
     'cannot resume, so finishing one before the next loses less to a cut-short session; two at '
@@ -171,7 +176,7 @@ def _archived_seeds():
 
 
 def _reference(seeds) -> None:
-  from bench import reference_main  # pylint: disable=g-import-not-at-top
+  from bench.reference import reference_main  # pylint: disable=g-import-not-at-top
   out_dir = os.path.join(archive_dir(), 'reference')
   os.makedirs(out_dir, exist_ok=True)
   work = os.path.join(_WORK_DIR.value, variant(), 'reference')
@@ -201,7 +206,7 @@ def _reference(seeds) -> None:
     procs = []
     for seed, method, dest, argv in batch:
       tmp = os.path.join(work, os.path.basename(dest))
-      cmd = [_TORCH_PYTHON.value, os.path.join(_ROOT, 'bench', 'reference_main.py'),
+      cmd = [_TORCH_PYTHON.value, os.path.join(_ROOT, 'bench', 'reference', 'reference_main.py'),
              f'--reference_dir={_REFERENCE_DIR.value}', f'--data={data}', f'--out={tmp}',
              f'--progress={_progress_path(seed, method)}', '--', *argv]
       print('$ ' + ' '.join(cmd), flush=True)

@@ -34,11 +34,11 @@ JSON marks each cell holding the reference's setting (`reference`) and the code'
 (`default`), and keeps the mean over rounds of every `server/*` metric the run wrote (FedExP's
 eta_g, the optimisers' update norm).
 
-  .venv/bin/python -m bench.server_defaults                       # the full grid (estimate printed)
-  .venv/bin/python -m bench.server_defaults --dry_run            # the plan and its estimate only
-  .venv/bin/python -m bench.server_defaults --algorithms=fedexp --seeds=1
-  .venv/bin/python -m bench.server_defaults --smoke              # 1 seed, 2 rounds, 1 point an axis
-  .venv/bin/python -m bench.server_defaults --axis=fedlc.tau=0.1,1 --algorithms=fedlc
+  .venv/bin/python -m bench.accuracy.server_defaults              # the full grid (estimate printed)
+  .venv/bin/python -m bench.accuracy.server_defaults --dry_run   # the plan and its estimate only
+  .venv/bin/python -m bench.accuracy.server_defaults --algorithms=fedexp --seeds=1
+  .venv/bin/python -m bench.accuracy.server_defaults --smoke     # 1 seed, 2 rounds, 1 point an axis
+  .venv/bin/python -m bench.accuracy.server_defaults --axis=fedlc.tau=0.1,1 --algorithms=fedlc
 
 Prints the number of runs and an estimate of the time before starting: the full grid is 150 runs
 of about 24 s each (FedSAM's about 48 s), some 65 minutes on this machine's 2 cores with other
@@ -70,8 +70,9 @@ from bench import _common
 
 FLAGS = flags.FLAGS
 
-# The digits command of docs/algorithms.md (bench.convergence's setting at alpha 0.1); the task's
-# defaults give the rest: small_cnn, batch 32, client lr 0.01, momentum 0.9, weight decay 1e-5.
+# The digits command of docs/algorithms.md (bench.accuracy.convergence's setting at alpha 0.1); the
+# task's defaults give the rest: small_cnn, batch 32, client lr 0.01, momentum 0.9, weight decay
+# 1e-5.
 SETTING: Dict[str, Any] = dict(task='digits', dirichlet_alpha=0.1, num_clients=10,
                                clients_per_round=10, local_epochs=2, regularizer='none',
                                runtime='tf')
@@ -352,7 +353,7 @@ def main(argv):
             f'{later}')
     return
   t0 = time.time()
-  report = {'command': ' '.join(['.venv/bin/python -m bench.server_defaults']
+  report = {'command': ' '.join(['.venv/bin/python -m bench.accuracy.server_defaults']
                                 + [shlex.quote(a) for a in sys.argv[1:]]),
             'setting': {**SETTING, 'rounds': rounds}, 'seeds': seeds,
             'design': 'product' if FLAGS.product else 'staged', 'smoke': FLAGS.smoke,
