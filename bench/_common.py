@@ -1,5 +1,6 @@
-"""Shared pieces of the round-time benchmarks (bench.overhead, bench.orchestration): one runner per
-variant, rounds alternating between variants within one process, ratios per repeat, machine facts.
+"""Shared pieces of the round-time benchmarks (bench.speed.overhead, bench.speed.orchestration): one
+runner per variant, rounds alternating between variants within one process, ratios per repeat,
+machine facts.
 
 Ratios are computed per repeat (variant time / baseline time of the same repeat, measured back to
 back), so load changes on a shared machine affect both sides of each ratio alike; absolute seconds

@@ -12,8 +12,8 @@ What is trained here: every `--aggregator=mean` cell in both runtimes, and the f
 TRAINED_FACTORY_CELLS. A factory cell costs 40-170 s on this 2-core machine whatever the rounds
 (TFF traces and compiles its computation: robust about 60 s, dp 40 s, compression and secure
 150-170 s, measured under load 3-4), so all 22 allowed factory cells would take about 40 minutes;
-`bench/matrix.py` trains every allowed cell (docs/benchmarks.md §7), and tests/aggregation_test.py
-checks each factory's arithmetic on a tiny model.
+`bench/accuracy/matrix.py` trains every allowed cell (docs/benchmarks.md §7), and
+tests/aggregation_test.py checks each factory's arithmetic on a tiny model.
 """
 
 import csv
@@ -28,7 +28,7 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow_federated as tff
 
-from bench import matrix
+from bench.accuracy import matrix
 from tff_decorr import algorithms
 from tff_decorr.federated import aggregation
 from tff_decorr.federated import tff_context
@@ -51,15 +51,15 @@ DP_SETTINGS = dict(dp_clip=1.0, dp_noise_multiplier=0.01)
 # clip every value to their bounds.
 PRIVATE = frozenset({'dp', 'secure'})
 BOUND_AT_DEFAULTS = frozenset({'robust', 'compression', 'dp', 'secure'})
-# The factory cells trained here (the others: bench/matrix.py). One per upload form and the
+# The factory cells trained here (the others: bench/accuracy/matrix.py). One per upload form and the
 # cheapest factories: a model upload under DP, and SCAFFOLD's delta with its exact control-variate
 # sums under robust aggregation (allowed although robust clips: only the model delta is clipped).
 TRAINED_FACTORY_CELLS = (('fedavg', 'dp'), ('scaffold', 'robust'))
 
 
 def settings(algorithm, aggregator, runtime, cache_dir):
-  """The config.make keywords of a cell, as bench/matrix.py makes them (what a cell needs follows
-  from the algorithm's declared attributes and the aggregator)."""
+  """The config.make keywords of a cell, as bench/accuracy/matrix.py makes them (what a cell needs
+  follows from the algorithm's declared attributes and the aggregator)."""
   return matrix.cell_settings(algorithm, aggregator, runtime,
                               dict(SMALLEST, cache_dir=cache_dir), DP_SETTINGS)
 

@@ -2,8 +2,8 @@
 compute, in float64.
 
 FedProx, MOON and FedNova: against the PyTorch reference's own `approach/*.py` classes, run by
-bench/reference_fixtures_algorithms.py (fixtures: tests/testdata/reference/algorithms/; that
-script's docstring says what each file holds) on ResNet20 from the same weights, with three
+bench/reference/reference_fixtures_algorithms.py (fixtures: tests/testdata/reference/algorithms/;
+that script's docstring says what each file holds) on ResNet20 from the same weights, with three
 clients of 97, 64 and 30 CIFAR-10 images (batch 32, one epoch, SGD lr 0.01, momentum 0.9, weight
 decay 1e-5, FedDecorr 0.1). Both sides are float64 and compute the same thing, so weights agree to
 rounding (~1e-12 here) and are compared to 1e-7 (tests/reference_equivalence_test.py explains the
@@ -83,7 +83,8 @@ class _Fixture:
 
 
 def _init_state(dtype=np.float64):
-  """The reference's initial ResNet20 state_dict (resnet20.npz, bench/reference_fixtures.py)."""
+  """The reference's initial ResNet20 state_dict (resnet20.npz,
+  bench/reference/reference_fixtures.py)."""
   fx = _Fixture.load('resnet20', DATA)
   return {k[len('init/'):]: fx[k].astype(dtype) for k in fx if k.startswith('init/')}
 

@@ -1,7 +1,7 @@
 """The project's models and local training against what the PyTorch reference computes.
 
-Fixtures (tests/testdata/reference/, made once by bench/reference_fixtures.py with PyTorch and the
-reference's own `networks` and `loss` modules; PyTorch is not a dependency): the reference's
+Fixtures (tests/testdata/reference/, made once by bench/reference/reference_fixtures.py with PyTorch
+and the reference's own `networks` and `loss` modules; PyTorch is not a dependency): the reference's
 initial ResNet20 / MobileNetV2 weights, their outputs, and local-training trajectories of
 SGD(lr 0.01, momentum 0.9, weight decay 1e-5) with and without FedDecorr (beta 0.1) on fixed
 CIFAR-10 batches, in float32 and float64, and one FedAvg round of three clients.
@@ -13,7 +13,7 @@ What is compared, and why these tolerances:
   FedDecorr and after 1, 10 and 100 without, MobileNetV2 after 1 step. Training here is chaotic:
   in PyTorch alone, a 1e-11 relative perturbation of ResNet20's initial weights grows to O(1)
   weight differences within 25-100 steps (docs/benchmarks.md §6), so longer trajectories can only
-  agree statistically (bench/fidelity.py).
+  agree statistically (bench/accuracy/fidelity.py).
 - float32 (what runs in production): forward outputs, the first step's gradients and the
   BatchNorm statistics after one step (the fused kernel's unbiased running variance, as PyTorch).
   TensorFlow's float32 gradients of this network differ from float64 by ~2e-3 (PyTorch's by

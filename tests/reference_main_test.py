@@ -1,10 +1,11 @@
-"""bench/reference_main.py's argument mapping: the argv it builds for each algorithm means, to the
-reference's own argument parsers, the fidelity setting and the values the project side is given.
+"""bench/reference/reference_main.py's argument mapping: the argv it builds for each algorithm
+means, to the reference's own argument parsers, the fidelity setting and the values the project side
+is given.
 
 The parsers are the reference's `get_args` of its main.py and each approach's `extra_parser`, as
 data: tests/testdata/reference/parsers.json, made once from a checkout of the reference (commit
-973e4af) by bench/reference_parser_specs.py (its docstring says how and what it records). The
-test rebuilds each parser with argparse from that file, so it runs without the checkout.
+973e4af) by bench/reference/reference_parser_specs.py (its docstring says how and what it records).
+The test rebuilds each parser with argparse from that file, so it runs without the checkout.
 """
 
 import argparse
@@ -13,7 +14,7 @@ import os
 
 from absl.testing import absltest
 
-from bench import reference_main
+from bench.reference import reference_main
 
 SPECS = os.path.join(os.path.dirname(os.path.realpath(__file__)), 'testdata', 'reference',
                      'parsers.json')

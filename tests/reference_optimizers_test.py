@@ -2,10 +2,11 @@
 client-side variants (FedLC, FedRS, FedSAM) against the PyTorch reference's own `approach/*.py`
 classes, in float64.
 
-Fixtures: tests/testdata/reference/algorithms/, made once by bench/reference_fixtures_algorithms.py
-(its docstring says what every file holds and with which settings): ResNet20 from the reference's
-weights, three clients of 97, 64 and 30 CIFAR-10 images (contiguous, or label-skewed for fedexp,
-fedlogitcal and fedrs), batch 32, SGD lr 0.01, momentum 0.9, weight decay 1e-5, no FedDecorr.
+Fixtures: tests/testdata/reference/algorithms/, made once by
+bench/reference/reference_fixtures_algorithms.py (its docstring says what every file holds and
+with which settings): ResNet20 from the reference's weights, three clients of 97, 64 and 30
+CIFAR-10 images (contiguous, or label-skewed for fedexp, fedlogitcal and fedrs), batch 32, SGD lr
+0.01, momentum 0.9, weight decay 1e-5, no FedDecorr.
 As in tests/reference_algorithms_test.py (whose few helpers are repeated here: a test module is
 not another's dependency under Bazel), both sides compute the same thing in float64, so weights
 are compared to TOL = 1e-7 relative (fingerprints of every tensor); the BN running variance is
@@ -396,9 +397,10 @@ class ClientVariantTest(_Base):
 class PartialParticipationTest(_Base):
   """Partial participation: 3 of 5 label-skewed clients sampled in each of 3 rounds (a different
   3 each round), 2 local epochs, from the reference's weights; fixtures <run>_partial
-  (bench/reference_fixtures_algorithms.py, PARTIAL_RUNS). FedLC's class counts are of one epoch
-  (the dataset holds two: the project divides by local_epochs, the reference counts its dataset's
-  targets), and a client's example weight is its dataset size, over the sampled clients only."""
+  (bench/reference/reference_fixtures_algorithms.py, PARTIAL_RUNS). FedLC's class counts are of one
+  epoch (the dataset holds two: the project divides by local_epochs, the reference counts its
+  dataset's targets), and a client's example weight is its dataset size, over the sampled clients
+  only."""
 
   @parameterized.named_parameters(('fedlc', 'fedlc', 'fedlogitcal_partial', dict(tau=0.1)),
                                   ('fedrs', 'fedrs', 'fedrs_partial', dict(alpha=0.5)),

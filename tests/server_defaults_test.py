@@ -1,6 +1,7 @@
-"""bench/server_defaults.py's grid, without training: its sizes, its stages, the smoke mode, and
-that every cell's settings reach the algorithm (the digits task's own overrides of the adaptive
-optimisers' server_lr and bn never replace a cell's). `--smoke` itself trains (about 2 minutes)."""
+"""bench/accuracy/server_defaults.py's grid, without training: its sizes, its stages, the smoke
+mode, and that every cell's settings reach the algorithm (the digits task's own overrides of the
+adaptive optimisers' server_lr and bn never replace a cell's). `--smoke` itself trains (about 2
+minutes)."""
 
 import os
 import sys
@@ -9,7 +10,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl.testing import absltest
 
-from bench import server_defaults as sd
+from bench.accuracy import server_defaults as sd
 
 
 class GridTest(absltest.TestCase):

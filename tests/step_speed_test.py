@@ -143,9 +143,10 @@ class BenchFlagsTest(absltest.TestCase):
   """The step benchmarks' own flags refuse bad values by name, before any work."""
 
   def test_bad_values_are_refused_by_flag(self):
-    for module, flag, name in (('bench.step_speed', '--precision=float16', '--precision'),
-                               ('bench.autotune_stalls', '--blocks=0', '--blocks'),
-                               ('bench.autotune_stalls', '--evaluations=-1', '--evaluations')):
+    for module, flag, name in (
+        ('bench.speed.step_speed', '--precision=float16', '--precision'),
+        ('bench.speed.autotune_stalls', '--blocks=0', '--blocks'),
+        ('bench.speed.autotune_stalls', '--evaluations=-1', '--evaluations')):
       proc = testutil.run_module(module, flag)
       self.assertNotEqual(proc.returncode, 0, (module, flag))
       self.assertIn(f'Flags parsing error: flag {name}=', proc.stderr,

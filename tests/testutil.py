@@ -185,7 +185,8 @@ def hparam_value(value) -> object:
 
 # ---- The PyTorch reference's fixtures (tests/testdata/reference, made by bench/) ----
 def fingerprint(name: str, array):
-  """As bench/reference_fixtures.py: (sum, sum of squares, dot with a name-seeded vector)."""
+  """As bench/reference/reference_fixtures.py: (sum, sum of squares, dot with a name-seeded
+  vector)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   a = np.asarray(array, np.float64).ravel()
   seed = int.from_bytes(name.encode()[:8].ljust(8, b'\0'), 'little') ^ a.size

@@ -164,9 +164,9 @@ def local_train(ws: Workspace, start_weights: Sequence[tf.Tensor], dataset: tf.d
   # `iter()`: AutoGraph turns `for x in dataset` into a dataset reduce (ReduceDataset over a
   # ScanDataset), which runs forward, backward and update inside tf.data: the step function is
   # re-instantiated on every call and gets less intra-op parallelism (ResNet20 0.227 -> 0.113
-  # CPU-s/step from this alone in 3-step calls, `bench.step_speed --repeats=4 --steps=3`). Iterating
-  # an iterator becomes a while loop over `get_next_as_optional` in this function's own graph, under
-  # both runtimes.
+  # CPU-s/step from this alone in 3-step calls, `bench.speed.step_speed --repeats=4 --steps=3`).
+  # Iterating an iterator becomes a while loop over `get_next_as_optional` in this function's own
+  # graph, under both runtimes.
   for images, labels in iter(data_options.without_autotune(dataset)):
     d_loss, d_ce, d_reg, d_extra, d_correct, bs = train_step(images, labels)
     loss_sum += d_loss

@@ -237,7 +237,7 @@ def choose_runtime(requested: str, workers: str = '',
   """(runtime, why) for `--runtime=requested`. 'auto' is the in-process runtime ('tf') for the
   plain mean: on a GPU (TFF 0.87's worker_binary is CPU-only), and on a CPU, where it trains one
   client per core at once and a whole run at the fidelity setting took 0.87x the time of TFF's
-  runtime (249 against 287 s, `bench.run_phases --settings=fidelity --runtime=tf|tff`,
+  runtime (249 against 287 s, `bench.speed.run_phases --settings=fidelity --runtime=tf|tff`,
   docs/benchmarks.md §2); no worker process is started. Settings only TFF's runtime
   executes (--workers, a tff.aggregators factory) make 'auto' choose 'tff', GPU or not."""
   if requested != 'auto':

@@ -14,7 +14,7 @@ Conventions (see docs/models.md):
   kh * kw * channels). BN starts at gamma 1, beta 0 in all three. Decomposed convolutions keep
   their own initialisation (models/decomposed.py). docs/models.md says which model uses which and
   why it matters (at the fidelity setting the Glorot start ended FedAvg 4.8 points lower over 3
-  seeds, `bench.fidelity --inits=reference,keras`).
+  seeds, `bench.accuracy.fidelity --inits=reference,keras`).
 - No Keras kernel regularizers: weight decay is applied by the client update (DESIGN.md).
 - Every model returns {'representation': [N, d], 'logits': [N, num_classes]}.
 """

@@ -2,7 +2,7 @@
 
 Keras' mixed-precision policy `mixed_bfloat16` keeps every variable in float32 and computes each
 layer in bfloat16. On a CPU with native bfloat16 instructions (AVX512_BF16, AMX) a ResNet20 run then
-takes about 0.7x the CPU time of float32 (`bench.whole_run_ratio --precision=mixed_bfloat16`,
+takes about 0.7x the CPU time of float32 (`bench.speed.whole_run_ratio --precision=mixed_bfloat16`,
 docs/benchmarks.md §2), the one lever left on a run whose float32 step is already at Keras' own
 cost. The model's outputs are cast back to float32 by a last layer, so the losses, the regularisers,
 evaluation and aggregation see what they see in float32, and the weights the server averages and

@@ -4,7 +4,8 @@ first round (tracing), the steady rounds, evaluation, checkpoints, export, ...
 Users wait for whole runs, and a study multiplies every fixed cost by its number of runs, so the
 training program times its own phases (`Phases`), logs them in one line at the end and writes them
 to summary.json (`phases_s`, this invocation only: a resumed run times what it did).
-bench/run_phases.py adds what a process cannot time about itself (its exit) and reports shares.
+bench/speed/run_phases.py adds what a process cannot time about itself (its exit) and reports
+shares.
 """
 
 from __future__ import annotations

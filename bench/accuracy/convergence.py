@@ -7,8 +7,8 @@ those of the issue that found the SCAFFOLD/FedAvgM divergence: 10 clients, Diric
 TF runtime. Each run is built in this process (no subprocess per run) with the same Experiment
 pieces bin/train uses, and evaluated as bin/train does (FedBN: each client's own model).
 
-  .venv/bin/python -m bench.convergence                     # full grid, about 40 minutes on 2 cores
-  .venv/bin/python -m bench.convergence --algorithms=scaffold,fedavg --seeds=1 --alphas=0.1
+  .venv/bin/python -m bench.accuracy.convergence            # full grid, about 40 minutes on 2 cores
+  .venv/bin/python -m bench.accuracy.convergence --algorithms=scaffold,fedavg --seeds=1 --alphas=0.1
 
 Writes bench/results/convergence_digits.json after every run (an interrupted benchmark resumes and
 skips the runs already in it) and prints a Markdown table: final test accuracy mean ± std over

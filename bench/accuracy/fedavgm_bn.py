@@ -10,7 +10,7 @@ run is `tff_decorr.run.training.train` (what bin/train runs), evaluated once at 
 weights or loss become non-finite is reported as such, and the smallest moving variance of the final
 global model is printed (negative would be a broken model).
 
-  .venv/bin/python -m bench.fedavgm_bn --setting=fidelity --seeds=1,2,3   # ~3.5 min a run, 2 cores
+  .venv/bin/python -m bench.accuracy.fedavgm_bn --setting=fidelity --seeds=1,2,3  # 3.5 min a run
 
 Finished runs are reused (bin/train resumes), so an interrupted invocation continues. Writes
 bench/results/fedavgm_bn_<setting>.json.
@@ -26,7 +26,8 @@ import time
 from absl import app
 from absl import flags
 
-import tensorflow as tf  # Before absl app.run (as bench/accuracy.py); also reads checkpoints.
+# Before absl app.run (as bench/accuracy/feddecorr_cifar10.py); also reads checkpoints.
+import tensorflow as tf
 
 from bench import _common
 from bench import settings as bench_settings

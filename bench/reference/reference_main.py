@@ -7,7 +7,8 @@ code from its own checkout, on the shared CIFAR-10 (10,000 train images in offic
 
 1. With this project's venv (TensorFlow; the project's task loader reads the TFDS files):
 
-     .venv/bin/python -m bench.reference_main --export=/tmp/ref_cifar10.npz [--data_dir=...]
+     .venv/bin/python -m bench.reference.reference_main --export=/tmp/ref_cifar10.npz \
+         [--data_dir=...]
 
    writes the train and test images (uint8 NHWC, official order) and labels into one .npz.
 
@@ -17,8 +18,9 @@ code from its own checkout, on the shared CIFAR-10 (10,000 train images in offic
      /tmp/torchenv/bin/pip install torch==2.1.2 numpy==1.25.2
      /tmp/torchenv/bin/pip install --no-deps torchvision==0.16.2 pillow==10.1.0 scipy==1.11.4 \
          requests==2.31.0 urllib3==2.1.0 idna==3.6 charset-normalizer==3.3.2 certifi==2023.11.17
-     nice -n 19 /tmp/torchenv/bin/python bench/reference_main.py --reference_dir=/tmp/FedDecorr \
-         --data=/tmp/ref_cifar10.npz --out=/tmp/ref.json -- <main.py arguments>
+     nice -n 19 /tmp/torchenv/bin/python bench/reference/reference_main.py \
+         --reference_dir=/tmp/FedDecorr --data=/tmp/ref_cifar10.npz --out=/tmp/ref.json \
+         -- <main.py arguments>
 
    or, instead of `-- <main.py arguments>`, `--algorithm=fedprox --seed=1 [--rounds=10]
    [--alpha=0.05] [--regularizer=feddecorr]`: the fidelity setting's arguments for that algorithm
@@ -46,8 +48,9 @@ What is changed, all from outside, in this process, before main.py starts:
      the global model (the train set, augmented, and the test set). `--evals` says which run
      (the others return NaN without computing; the log then says nan):
        test (default)    only the global test evaluation kept, every round: the fidelity
-                         setting's reference runs (bench/fidelity.py, bench/whole_run_ratio.py),
-                         and the work the project's run does (a test evaluation per round);
+                         setting's reference runs (bench/accuracy/fidelity.py,
+                         bench/speed/whole_run_ratio.py), and the work the project's run does (a
+                         test evaluation per round);
        global            the per-client ones removed, run_fed's global train and test
                          evaluations kept;
        no_pre            only the per-client pre-training ones removed;
@@ -70,7 +73,7 @@ global test accuracy and loss, the train accuracy where kept, the seconds since 
 imports and data loading included), `wall_s_main` (from main.py's start), `cpu_s` and
 `cpu_s_main` (user + system of this process and its waited-for children, i.e. the DataLoader
 workers: resource.getrusage SELF + CHILDREN), the load average at start and end.
-bench/fidelity.py runs this as a subprocess per seed (`--sides=reference`).
+bench/accuracy/fidelity.py runs this as a subprocess per seed (`--sides=reference`).
 """
 
 import time
@@ -86,7 +89,7 @@ import resource
 import sys
 from typing import Any, Dict, Sequence, Tuple
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_DATA_DIR = os.path.join(os.path.dirname(ROOT), 'shared', 'data', 'tfds')
 DEFAULT_REFERENCE_DIR = '/tmp/FedDecorr'
 FEDDECORR_BETA = 0.1

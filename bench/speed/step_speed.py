@@ -1,8 +1,8 @@
 r"""Speed of one client training step, against plain Keras and against the compute limit.
 
-  .venv/bin/python -m bench.step_speed                       # every model, mode=step
-  .venv/bin/python -m bench.step_speed --models=resnet20,mobilenet_v2_cifar
-  .venv/bin/python -m bench.step_speed --mode=round --models=resnet20   # a whole round, tf and tff
+  .venv/bin/python -m bench.speed.step_speed                 # every model, mode=step
+  .venv/bin/python -m bench.speed.step_speed --models=resnet20,mobilenet_v2_cifar
+  .venv/bin/python -m bench.speed.step_speed --mode=round --models=resnet20  # a round, tf and tff
 
 mode=step, per model (batch 64, FedAvg + FedDecorr beta 0.1, SGD lr 0.01 momentum 0.9, weight
 decay 1e-5; 32x32x3 images, 64x64x3 for resnet18 and alexnet_bn):
@@ -27,20 +27,20 @@ its data as a training run does (random uint8 images in one shard file per clien
 normalised and augmented by the cifar10 task's client dataset, tasks/client_data.py), so the
 intercept includes reading the shard and building the batches:
 
-  .venv/bin/python -m bench.step_speed --mode=round --models=small_cnn --batch_size=10 \
+  .venv/bin/python -m bench.speed.step_speed --mode=round --models=small_cnn --batch_size=10 \
       --clients=50 --round_steps=5 --round_data=shards --repeats=5 --suffix=cross_device
 
 mode=reference: the project's client step against the reference's (bytedance/FedDecorr: its own
-network and the body of its local-training loop, bench/reference_step_worker.py) in a persistent
-PyTorch process, both alive at once, blocks of --steps steps alternating (order rotated every
-repeat), batch 64 of 32x32 in memory, lr 0.01, momentum 0.9, weight decay 1e-5, FedDecorr
+network and the body of its local-training loop, bench/reference/reference_step_worker.py) in a
+persistent PyTorch process, both alive at once, blocks of --steps steps alternating (order rotated
+every repeat), batch 64 of 32x32 in memory, lr 0.01, momentum 0.9, weight decay 1e-5, FedDecorr
 coefficient --beta on both sides (0: the fidelity setting's FedAvg). Ours twice: one client alone,
 and two clients at once in two threads, each in its own workspace, as `--runtime=tf` trains a round
 on a 2-core CPU (per-step time = the block's time / (2 x steps)). Printed: per-step CPU and wall
 time of each and the median over repeats of ours / reference per repeat. resnet20 and
 mobilenet_v2_cifar (the reference's resnet20 and mobilenetv2).
 
-  .venv/bin/python -m bench.step_speed --mode=reference --models=resnet20,mobilenet_v2_cifar \
+  .venv/bin/python -m bench.speed.step_speed --mode=reference --models=resnet20,mobilenet_v2_cifar \
       --beta=0 --steps=6 --repeats=6
 
 --precision=mixed_bfloat16 times the project's step as `bin/train --precision=mixed_bfloat16`
@@ -107,8 +107,8 @@ flags.DEFINE_float('perturbation', 1e-7, 'Size of the initial-weight change (mod
 flags.DEFINE_string('reference_dir', '/tmp/FedDecorr',
                     'Checkout of bytedance/FedDecorr (mode=reference).')
 flags.DEFINE_string('torch_python', '/tmp/torchenv/bin/python',
-                    'Python of the PyTorch environment (mode=reference; bench/reference_main.py '
-                    'says how to install it).')
+                    'Python of the PyTorch environment (mode=reference; '
+                    'bench/reference/reference_main.py says how to install it).')
 flags.DEFINE_enum('precision', 'float32', list(models.PRECISIONS),
                   "The project's model precision, as bin/train --precision.")
 flags.DEFINE_string('suffix', '', 'Appended to the output name: step_speed[_round]_<suffix>.json.')
@@ -291,10 +291,11 @@ _REFERENCE_MODEL = {'resnet20': 'resnet20', 'mobilenet_v2_cifar': 'mobilenetv2'}
 
 
 class _ReferenceStep:
-  """The reference's step in a persistent PyTorch process (bench/reference_step_worker.py)."""
+  """The reference's step in a persistent PyTorch process
+  (bench/reference/reference_step_worker.py)."""
 
   def __init__(self, name):
-    worker = os.path.join(_common.ROOT, 'bench', 'reference_step_worker.py')
+    worker = os.path.join(_common.ROOT, 'bench', 'reference', 'reference_step_worker.py')
     self.proc = subprocess.Popen(
         [FLAGS.torch_python, worker, f'--reference_dir={FLAGS.reference_dir}',
          f'--model={_REFERENCE_MODEL[name]}', f'--batch_size={FLAGS.batch_size}',
@@ -318,8 +319,8 @@ def run_reference_mode():
              if not os.path.exists(p)]
   if missing:
     raise app.UsageError(f'--mode=reference needs {", ".join(missing)}: see '
-                         'bench/reference_main.py for the PyTorch environment and the checkout '
-                         '(--torch_python, --reference_dir).')
+                         'bench/reference/reference_main.py for the PyTorch environment and the '
+                         'checkout (--torch_python, --reference_dir).')
   unsupported = [m for m in FLAGS.models if m not in _REFERENCE_MODEL]
   if unsupported:
     raise app.UsageError(f'--models: the reference has no {", ".join(unsupported)}; choose from '
@@ -535,7 +536,7 @@ def main(argv):
            'reference': run_reference_mode}
   results, lines = modes[FLAGS.mode]()
   results.update(
-      command=' '.join(['.venv/bin/python -m bench.step_speed'] + sys.argv[1:]),
+      command=' '.join(['.venv/bin/python -m bench.speed.step_speed'] + sys.argv[1:]),
       settings={k: FLAGS[k].value for k in ('mode', 'models', 'batch_size', 'steps', 'repeats',
                                             'beta', 'jit', 'clients', 'round_steps',
                                             'runtimes', 'max_concurrent_computation_calls',

@@ -6,8 +6,8 @@ same process (round r runs every variant once, `--steps` steps each, order rotat
 the median over `--repeats` rounds is reported with the ratio of medians. Also times
 feddecorr_loss alone (forward + gradient w.r.t. its input) at N x d.
 
-  .venv/bin/python -m bench.regularizer_cost                 # MobileNetV2, N=64, 32x32, CPU
-  .venv/bin/python -m bench.regularizer_cost --repeats=3 --steps=2   # shorter
+  .venv/bin/python -m bench.speed.regularizer_cost           # MobileNetV2, N=64, 32x32, CPU
+  .venv/bin/python -m bench.speed.regularizer_cost --repeats=3 --steps=2  # shorter
 
 Writes bench/results/regularizer_cost_<model>.json (or --output).
 """
@@ -25,6 +25,7 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
+from bench import _common
 from tff_decorr import models
 from tff_decorr import regularizers
 
@@ -138,7 +139,7 @@ def main(argv):
                   'tensorflow': tf.__version__,
                   'gpus': len(tf.config.list_physical_devices('GPU'))},
   }
-  output = FLAGS.output or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results',
+  output = FLAGS.output or os.path.join(_common.ROOT, 'bench', 'results',
                                         f'regularizer_cost_{FLAGS.model}.json')
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   with open(output, 'w') as f:

@@ -4,11 +4,11 @@ process; each variant's round time divided by FedAvg's round of the same repeat,
 min / median / max over the repeats. The first round of each variant (tf.function tracing) is
 reported separately and excluded from the ratios.
 
-  .venv/bin/python -m bench.overhead                          # CPU scale, --runtime=tf
-  .venv/bin/python -m bench.overhead --runtime=tff            # the same under TFF's C++ runtime
-  .venv/bin/python -m bench.overhead --variants=fedavg+feddecorr,fedprox --repeats=15 \
+  .venv/bin/python -m bench.speed.overhead                    # CPU scale, --runtime=tf
+  .venv/bin/python -m bench.speed.overhead --runtime=tff      # the same under TFF's C++ runtime
+  .venv/bin/python -m bench.speed.overhead --variants=fedavg+feddecorr,fedprox --repeats=15 \
       --output_name=overhead_cpu_tf_long                       # fewer variants, more repeats
-  .venv/bin/python -m bench.overhead --scale=paper --data_dir=DIR   # GPU: the paper's setting
+  .venv/bin/python -m bench.speed.overhead --scale=paper --data_dir=DIR  # GPU: the paper's setting
 
 CPU scale (default): CIFAR-10 from --data_dir (here the 10,000-image train split), small_cnn
 (64-d representation), 10 clients all sampled, Dirichlet alpha=0.5, 1 local epoch, batch 64.

@@ -2,11 +2,12 @@
 reference's own `approach/*.py` classes compute over a few rounds, as NumPy arrays.
 
 Run ONCE, in an environment with PyTorch (not a dependency of this project) and a checkout of the
-reference (github.com/bytedance/FedDecorr, commit 973e4af), after bench/reference_fixtures.py (this
-script reads its `batches.npz` and ResNet20's initial weights from `resnet20.npz`):
+reference (github.com/bytedance/FedDecorr, commit 973e4af), after
+bench/reference/reference_fixtures.py (this script reads its `batches.npz` and ResNet20's initial
+weights from `resnet20.npz`):
 
   python3.11 -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch==2.1.2 numpy==1.25.2
-  /tmp/torchenv/bin/python bench/reference_fixtures_algorithms.py \
+  /tmp/torchenv/bin/python bench/reference/reference_fixtures_algorithms.py \
       --reference_dir=/path/to/FedDecorr --out=tests/testdata/reference/algorithms [--only=fednova]
 
 How the reference runs here. Each run builds the reference's approach class (FedProx, MOON, FedNova,
@@ -24,9 +25,9 @@ party's network starts as a copy of the global one (main.py initialises each par
 separately, which matters only for MOON's first-round previous model, see below).
 
 What every file `<run>.npz` contains. "fp" = an array [len(keys), 3] holding, for each state_dict
-key in `keys` order, bench/reference_fixtures.fingerprint(key, tensor) (sum, sum of squares and the
-dot product with a vector seeded by the key); "stats" = the BN running_mean and running_var tensors
-of `stat_keys`, raveled and concatenated in that order (float64, whole):
+key in `keys` order, bench/reference/reference_fixtures.fingerprint(key, tensor) (sum, sum of
+squares and the dot product with a vector seeded by the key); "stats" = the BN running_mean and
+running_var tensors of `stat_keys`, raveled and concatenated in that order (float64, whole):
 - `settings`: JSON of the run's settings (above, plus the approach's own arguments);
   `keys`, `stat_keys`: JSON lists of state_dict keys (num_batches_tracked left out);
   `client{i}/indices`: the images of batches.npz client i holds.
@@ -126,7 +127,7 @@ import types
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REFERENCE_DATA = os.path.normpath(os.path.join(HERE, '..', 'tests', 'testdata', 'reference'))
+REFERENCE_DATA = os.path.normpath(os.path.join(HERE, '..', '..', 'tests', 'testdata', 'reference'))
 LR, MOMENTUM, WEIGHT_DECAY, BETA, BATCH = 0.01, 0.9, 1e-5, 0.1, 32
 CLIENT_SIZES = (97, 64, 30)
 SKEW_CLASSES = ((0, 1, 2, 3, 4, 5), (3, 4, 5, 6, 7), (7, 8, 9))
@@ -139,7 +140,7 @@ PARTICIPATION = ([0, 1, 2], [1, 3, 4], [0, 2, 4])
 
 
 def _load_sibling(name):
-  """bench/<name>.py by path (importing the `bench` package would import TensorFlow)."""
+  """bench/reference/<name>.py by path (importing the `bench` package would import TensorFlow)."""
   spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, f'{name}.py'))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -410,7 +411,8 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--reference_dir', required=True, help='checkout of bytedance/FedDecorr')
   parser.add_argument('--fixtures', default=REFERENCE_DATA,
-                      help='where bench/reference_fixtures.py wrote batches.npz, resnet20.npz')
+                      help='where bench/reference/reference_fixtures.py wrote batches.npz and '
+                      'resnet20.npz')
   parser.add_argument('--out', default=os.path.join(REFERENCE_DATA, 'algorithms'))
   parser.add_argument('--only', default='', help='comma-separated run names (default: all)')
   _main(parser.parse_args())

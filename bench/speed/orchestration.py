@@ -5,8 +5,8 @@ the same clients, data, seed and initial model; rounds alternate between the two
 process. Reported: the first round of each (tracing, plus for TFF starting the worker's
 computation) separately, then TFF / TF per repeat as min / median / max.
 
-  .venv/bin/python -m bench.orchestration                    # CIFAR-10, small_cnn, 10 clients
-  .venv/bin/python -m bench.orchestration --max_concurrent_computation_calls=1
+  .venv/bin/python -m bench.speed.orchestration              # CIFAR-10, small_cnn, 10 clients
+  .venv/bin/python -m bench.speed.orchestration --max_concurrent_computation_calls=1
 
 By default TFF's worker runs its clients as TFF chooses (max_concurrent_computation_calls=-1, as
 bin/train), so on several cores it may run clients concurrently while the tf runtime runs them
@@ -113,7 +113,7 @@ def main(argv):
   # The benchmark runs in a child process so that this one can check afterwards that the child's
   # TFF worker_binary processes are gone (workers of other processes are not ours to judge).
   with tempfile.NamedTemporaryFile('r', suffix='.pids') as f:
-    proc = subprocess.run([sys.executable, '-m', 'bench.orchestration',
+    proc = subprocess.run([sys.executable, '-m', 'bench.speed.orchestration',
                            f'--child_pid_file={f.name}', *sys.argv[1:]], cwd=_common.ROOT,
                           check=False)
     started = {int(p) for p in f.read().split()}

@@ -1,6 +1,6 @@
 r"""Step-by-step comparison with the PyTorch reference: same weights, same batches.
 
-Reads the fixtures bench/reference_fixtures.py made with the reference's own code
+Reads the fixtures bench/reference/reference_fixtures.py made with the reference's own code
 (tests/testdata/reference) and runs the project's client loop (client_update.local_train, what
 every algorithm and both runtimes call) from the same initial weights on the same batches, in
 float32 (production) and float64. Prints, per model, float type and loss (CE, or CE + FedDecorr
@@ -9,7 +9,7 @@ and the largest relative weight difference over all tensors. Then the chaos boun
 from the reference's weights and from those weights times (1 + 1e-11 N(0, 1)), compared after 10,
 25 and 100 steps: how far rounding-sized differences grow by themselves.
 
-  .venv/bin/python -m bench.reference_equivalence            # about 10 minutes on 2 cores
+  .venv/bin/python -m bench.reference.reference_equivalence  # about 10 minutes on 2 cores
 
 Writes bench/results/reference_equivalence.json. tests/reference_equivalence_test.py asserts the
 parts that are deterministic enough to test.
@@ -26,7 +26,9 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
-from bench.reference_fixtures import fingerprint, MEAN, STD  # pylint: disable=g-bad-import-order
+from bench import _common  # pylint: disable=g-bad-import-order
+from bench.reference.reference_fixtures import (  # pylint: disable=g-bad-import-order
+    fingerprint, MEAN, STD)
 from tff_decorr import models
 from tff_decorr import regularizers
 from tff_decorr.algorithms import client_update
@@ -34,7 +36,7 @@ from tff_decorr.algorithms.workspace import Workspace
 from tff_decorr.models import torch_import
 
 FLAGS = flags.FLAGS
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = _common.ROOT
 _DATA = os.path.join(_ROOT, 'tests', 'testdata', 'reference')
 _MODELS = {'resnet20': 'resnet20', 'mobilenetv2': 'mobilenet_v2_cifar'}
 _CONFIG = client_update.ClientConfig(lr=0.01, momentum=0.9, weight_decay=1e-5)

@@ -4,7 +4,7 @@ Trains FedAvg with and without FedDecorr under several Dirichlet alphas (bin/tra
 exports client 0's local model of the last round, then runs bin/analyze over the global models and
 the local-vs-global pair. Prints a table and writes bench/results/collapse_evidence.json.
 
-  .venv/bin/python -m bench.collapse_evidence --data_dir=../shared/data/tfds
+  .venv/bin/python -m bench.accuracy.collapse_evidence --data_dir=../shared/data/tfds
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import time
 from absl import app
 from absl import flags
 
+from bench import _common
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string('data_dir', os.path.join('..', 'shared', 'data', 'tfds'), 'TFDS data dir.')
 flags.DEFINE_string('output_dir', '/tmp/tff_decorr_collapse', 'Where the runs go.')
@@ -29,7 +31,7 @@ flags.DEFINE_list('decorr_alphas', ['0.05'], 'Alphas also run with FedDecorr.')
 flags.DEFINE_float('beta', 0.1, 'FedDecorr coefficient.')
 flags.DEFINE_integer('seed', 0, 'Seed.')
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = _common.ROOT
 
 
 def _run(module, *args):

@@ -5,8 +5,9 @@ summary.json gives the final test accuracy on the full 10,000-image test split. 
 bench/results/accuracy_<scale>.json. Runs already finished are reused (bin/train resumes), so an
 interrupted benchmark continues where it stopped.
 
-  .venv/bin/python -m bench.accuracy --data_dir=../shared/data/tfds            # CPU scale
-  .venv/bin/python -m bench.accuracy --data_dir=/data/tfds --scale=paper         # GPU, Table 1 rows
+  .venv/bin/python -m bench.accuracy.feddecorr_cifar10 --data_dir=../shared/data/tfds  # CPU scale
+  .venv/bin/python -m bench.accuracy.feddecorr_cifar10 --data_dir=/data/tfds --scale=paper
+      # GPU, the paper's Table 1 rows
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from absl import flags
 # from graph tensors: "'SymbolicTensor' object has no attribute 'node'").
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
+from bench import _common  # pylint: disable=g-import-not-at-top
 from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
 from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = _common.ROOT
 
 flags.DEFINE_string('data_dir', os.path.join(os.path.dirname(_ROOT), 'shared', 'data', 'tfds'),
                     'TFDS data dir holding cifar10.')
@@ -35,7 +37,7 @@ flags.DEFINE_string('output_dir', '/tmp/tff_decorr_accuracy', 'Where the runs go
 flags.DEFINE_enum('scale', 'cpu', ['cpu', 'paper'], 'cpu: small_cnn, --rounds x --local_epochs; '
                   'paper: the task defaults (MobileNetV2, 100 rounds x 10 epochs).')
 # 10 rounds of 1 epoch: twelve runs fit in about 30 minutes on 2 cores (one epoch over the 10,000
-# images takes about 13 s with small_cnn on this machine, bench.overhead).
+# images takes about 13 s with small_cnn on this machine, bench.speed.overhead).
 flags.DEFINE_integer('rounds', 10, 'Rounds at --scale=cpu.')
 flags.DEFINE_integer('local_epochs', 1, 'Local epochs at --scale=cpu.')
 flags.DEFINE_list('alphas', ['0.05', '0.5'], 'Dirichlet alphas.')

@@ -4,17 +4,17 @@ For each seed, at the fidelity setting (bench/settings.py: ResNet20, the shared 
 10,000 train images, Dirichlet alpha 0.05, 10 clients all participating, 10 rounds of one local
 epoch, batch 64, lr 0.01, momentum 0.9, weight decay 1e-5), FedAvg, the global model's test
 evaluation every round:
-- the reference: its own main.py (bench/reference_main.py: evaluations other than the global test
-  one skipped, as bench/fidelity.py runs it; wall time from the script's first line, imports and
-  data included), one process of the PyTorch environment;
-- the project: `python -m bin.train` as a user types it (bench/run_phases.run_once: wall time from
-  spawn to exit, on an empty client-data cache, i.e. a first run).
+- the reference: its own main.py (bench/reference/reference_main.py: evaluations other than the
+  global test one skipped, as bench/accuracy/fidelity.py runs it; wall time from the script's first
+  line, imports and data included), one process of the PyTorch environment;
+- the project: `python -m bin.train` as a user types it (bench/speed/run_phases.run_once: wall time
+  from spawn to exit, on an empty client-data cache, i.e. a first run).
 The two alternate which goes first from seed to seed, so a drift of the machine's speed falls on
 both sides. Printed per seed: both wall and CPU times and their ratios; then the mean ratio.
 
-  .venv/bin/python -m bench.whole_run_ratio --seeds=1,2,3             # about 15 minutes a seed
-  .venv/bin/python -m bench.whole_run_ratio --seeds=1 --runtime=tff
-  .venv/bin/python -m bench.whole_run_ratio --runtime=tf --precision=mixed_bfloat16
+  .venv/bin/python -m bench.speed.whole_run_ratio --seeds=1,2,3       # about 15 minutes a seed
+  .venv/bin/python -m bench.speed.whole_run_ratio --seeds=1 --runtime=tff
+  .venv/bin/python -m bench.speed.whole_run_ratio --runtime=tf --precision=mixed_bfloat16
 
 Run it alone on the machine. Pairs already measured (both JSONs in --output_dir) are reused, so an
 interrupted invocation continues; delete the directory to measure again. Writes
@@ -34,16 +34,16 @@ from absl import app
 from absl import flags
 
 from bench import _common
-from bench import reference_main
-from bench import run_phases
+from bench.reference import reference_main
+from bench.speed import run_phases
 
 FLAGS = flags.FLAGS
 
 flags.DEFINE_list('seeds', ['1', '2', '3'], 'Seeds (one reference run and one project run each).')
 flags.DEFINE_string('output_dir', '/tmp/tff_decorr_whole_run', 'Where the runs go.')
 flags.DEFINE_string('torch_python', '/tmp/torchenv/bin/python',
-                    'Python of the PyTorch environment (bench/reference_main.py says how to make '
-                    'it).')
+                    'Python of the PyTorch environment (bench/reference/reference_main.py says how '
+                    'to make it).')
 flags.DEFINE_enum('precision', 'float32', ['float32', 'mixed_bfloat16'],
                   "The project's --precision (its runs and the result file are named after it).")
 flags.DEFINE_string('reference_dir', reference_main.DEFAULT_REFERENCE_DIR,
@@ -59,7 +59,7 @@ def _reference(seed: int, out: str, data: str) -> dict:
     argv = reference_main.reference_argv('fedavg', seed, 'none', 0.05, 10)
     log_path = os.path.splitext(out)[0] + '.stdout'
     with open(log_path, 'w') as log:
-      rc = subprocess.run([FLAGS.torch_python, os.path.join(_common.ROOT, 'bench',
+      rc = subprocess.run([FLAGS.torch_python, os.path.join(_common.ROOT, 'bench', 'reference',
                                                             'reference_main.py'),
                            f'--reference_dir={os.path.abspath(FLAGS.reference_dir)}',
                            f'--data={data}', f'--out={out}', '--', *argv],

@@ -1,13 +1,13 @@
 r"""Writes the reference's command-line interface as data: tests/testdata/reference/parsers.json.
 
-tests/reference_main_test.py checks that bench/reference_main.py's argv for each algorithm means,
-to the reference's main.py and its approach, the fidelity setting and the project's values. It
-needs the reference's argument parsers; a checkout of the reference is not part of the project
+tests/reference_main_test.py checks that bench/reference/reference_main.py's argv for each algorithm
+means, to the reference's main.py and its approach, the fidelity setting and the project's values.
+It needs the reference's argument parsers; a checkout of the reference is not part of the project
 (nor of a fresh clone), so this script was run ONCE on a checkout of github.com/bytedance/FedDecorr
 at commit 973e4af, with the project's venv (argparse alone: neither torch nor the rest of the
 reference is imported):
 
-  .venv/bin/python -m bench.reference_parser_specs --reference_dir=/tmp/FedDecorr \
+  .venv/bin/python -m bench.reference.reference_parser_specs --reference_dir=/tmp/FedDecorr \
       --out=tests/testdata/reference/parsers.json
 
 and the test rebuilds the parsers from that file. `--check` compares a checkout with the committed
@@ -152,13 +152,13 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--reference_dir', default='/tmp/FedDecorr')
   parser.add_argument('--out', default=os.path.join(
-      os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tests', 'testdata',
-      'reference', 'parsers.json'))
+      os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'tests',
+      'testdata', 'reference', 'parsers.json'))
   parser.add_argument('--check', action='store_true',
                       help='compare the checkout with --out instead of writing it')
   args = parser.parse_args(argv)
   specs = {'reference': 'github.com/bytedance/FedDecorr at commit 973e4af',
-           'made_by': 'bench/reference_parser_specs.py (its docstring: how)',
+           'made_by': 'bench/reference/reference_parser_specs.py (its docstring: how)',
            **read(args.reference_dir)}
   text = json.dumps(specs, indent=1, sort_keys=True) + '\n'
   if args.check:

@@ -19,14 +19,14 @@ output directory, so both train every round.
 Settings:
 - `fidelity`: bench/settings.py's FIDELITY (ResNet20 on the shared CIFAR-10, 10,000 train
   images, Dirichlet alpha 0.05, 10 clients all participating, 10 rounds x 1 local epoch, batch 64,
-  lr 0.01, momentum 0.9, weight decay 1e-5), FedAvg, seed 1: bench/fidelity.py's setting.
+  lr 0.01, momentum 0.9, weight decay 1e-5), FedAvg, seed 1: bench/accuracy/fidelity.py's setting.
 - `cross_device`: the shape of pfl-research's CIFAR-10 benchmark scaled to this machine: 1,000
   clients (10 images each of the 10,000), 50 sampled per round, 20 rounds, batch 10, small_cnn,
   IID, --runtime=tff.
 - `digits`: the embedded task, 4 clients, 5 rounds: a quick look (about a minute).
 
-  .venv/bin/python -m bench.run_phases --settings=fidelity,cross_device
-  .venv/bin/python -m bench.run_phases --settings=digits --runtime=tf
+  .venv/bin/python -m bench.speed.run_phases --settings=fidelity,cross_device
+  .venv/bin/python -m bench.speed.run_phases --settings=digits --runtime=tf
 
 Writes bench/results/run_phases_<settings>.json. Run it alone on the machine: two heavy jobs on
 2 cores give both wrong numbers.

@@ -16,8 +16,8 @@ right thing, not privacy (DP with real noise does not train at 10 clients; docs/
 FedBN's accuracy is its clients' own models (docs/algorithms.md, "What is evaluated").
 Chance on digits is 0.1.
 
-  .venv/bin/python -m bench.matrix                              # the table in docs/benchmarks.md
-  .venv/bin/python -m bench.matrix --algorithms=fednova,scaffold --aggregators=mean,robust
+  .venv/bin/python -m bench.accuracy.matrix                     # the table in docs/benchmarks.md
+  .venv/bin/python -m bench.accuracy.matrix --algorithms=fednova,scaffold --aggregators=mean,robust
 
 Writes bench/results/<--output_name>.json after every cell (an interrupted run resumes and skips
 the cells already in it, when the settings are the same) and prints a Markdown table: algorithms

@@ -1,6 +1,6 @@
 r"""Time per round: single process vs one / two TFF workers on loopback (docs/remote_workers.md).
 
-  .venv/bin/python -m bench.remote_overhead [--rounds=4] [--local_epochs=1]
+  .venv/bin/python -m bench.speed.remote_overhead [--rounds=4] [--local_epochs=1]
 
 Starts two TFF workers (worker_binary, owned by this process) on free ports, runs the same bin.train
 config three times (no --workers, --workers=A, --workers=A,B) and prints each run's round-1 time
@@ -19,13 +19,14 @@ import tempfile
 from absl import app
 from absl import flags
 
+from bench import _common
 from tff_decorr.federated import tff_context
 
 flags.DEFINE_integer('rounds', 4, 'Rounds per run.')
 flags.DEFINE_integer('local_epochs', 1, 'Local epochs.')
 flags.DEFINE_integer('num_clients', 4, 'Clients (all sampled every round).')
 FLAGS = flags.FLAGS
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = _common.ROOT
 
 
 def _run(tmp, name, extra):

@@ -1,8 +1,8 @@
 r"""Client-population scaling: time per round and peak memory with 10 clients sampled per round
 while the population grows (10, 100, 1000) on CIFAR-10 (the train split in --data_dir).
 
-  .venv/bin/python -m bench.scaling                      # --runtime=tf
-  .venv/bin/python -m bench.scaling --runtime=tff
+  .venv/bin/python -m bench.speed.scaling                # --runtime=tf
+  .venv/bin/python -m bench.speed.scaling --runtime=tff
 
 Every client holds the same number of examples (--examples_per_client, default 10) in every
 setting, so a round does the same work (10 sampled clients x 10 examples) whatever the population,
@@ -41,7 +41,9 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 # fail to build ("'SymbolicTensor' object has no attribute 'node'", Keras 2.14).
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench import _common  # pylint: disable=g-import-not-at-top
+
+_ROOT = _common.ROOT
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('data_dir', os.path.join(os.path.dirname(_ROOT), 'shared', 'data', 'tfds'),
@@ -132,7 +134,7 @@ def main(argv):
   rows = []
   for pop in pops:
     out = os.path.join(out_root, f'n{pop}')
-    cmd = [sys.executable, '-m', 'bench.scaling', f'--child_population={pop}',
+    cmd = [sys.executable, '-m', 'bench.speed.scaling', f'--child_population={pop}',
            f'--child_out={out}', f'--data_dir={FLAGS.data_dir}', f'--rounds={FLAGS.rounds}',
            f'--runtime={FLAGS.runtime}', f'--per_round={FLAGS.per_round}',
            f'--examples_per_client={FLAGS.examples_per_client}']

@@ -1,7 +1,8 @@
 r"""What the isolated worker's Unix-socket bridge costs per round, against a loopback TCP worker.
 
-  .venv/bin/python -m bench.worker_bridge [--repeats=12] [--round_repeats=2] [--rounds=4]
-  .venv/bin/python -m bench.worker_bridge --setting=fidelity --rounds=3 --resnet20_round_s=24.5
+  .venv/bin/python -m bench.speed.worker_bridge [--repeats=12] [--round_repeats=2] [--rounds=4]
+  .venv/bin/python -m bench.speed.worker_bridge --setting=fidelity --rounds=3 \
+      --resnet20_round_s=24.5
 
 The local TFF worker runs in a network namespace of its own and is reached through a Unix socket
 that `tff_decorr/federated/netns_bridge.py` forwards to its port (docs/security.md); before, it
@@ -60,7 +61,7 @@ flags.DEFINE_float('resnet20_round_s', 0.0, 'Wall seconds of one fidelity-settin
                    '10 clients) here, to state the transfer difference as its share; 0: not '
                    'stated.')
 FLAGS = flags.FLAGS
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = _common.ROOT
 
 
 def _resnet20_size() -> int:

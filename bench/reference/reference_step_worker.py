@@ -1,13 +1,14 @@
 r"""The reference's client step in a persistent PyTorch process, timed on request.
 
-Run by `bench.step_speed --mode=reference` with the PyTorch environment's Python (see
-bench/reference_main.py for its install); not by hand. It builds the reference's own network
-(bytedance/FedDecorr `networks/`, from --reference_dir) and runs the body of its local-training loop
-(approach/fedavg.py `_local_training`: zero_grad, forward with features, cross-entropy plus
-coef * FedDecorrLoss when coef > 0, backward, `optim.SGD(lr, momentum, weight_decay)`) on batches
-of random data held in memory. For each line `N` on stdin it runs N steps and answers one JSON line
-{"cpu_s": ..., "wall_s": ..., "loss": ...} (CPU = this process's user + system time); it exits at
-end of input. torch's threads: its default (one per core), as main.py runs.
+Run by `bench.speed.step_speed --mode=reference` with the PyTorch environment's Python (see
+bench/reference/reference_main.py for its install); not by hand. It builds the reference's own
+network (bytedance/FedDecorr `networks/`, from --reference_dir) and runs the body of its
+local-training loop (approach/fedavg.py `_local_training`: zero_grad, forward with features,
+cross-entropy plus coef * FedDecorrLoss when coef > 0, backward, `optim.SGD(lr, momentum,
+weight_decay)`) on batches of random data held in memory. For each line `N` on stdin it runs N
+steps and answers one JSON line {"cpu_s": ..., "wall_s": ..., "loss": ...} (CPU = this process's
+user + system time); it exits at end of input. torch's threads: its default (one per core), as
+main.py runs.
 """
 
 import argparse

@@ -2,13 +2,13 @@
 
 The reference-equivalence tests (tests/reference_algorithms_test.py,
 tests/reference_optimizers_test.py) compare the project with the fixtures that
-bench/reference_fixtures_algorithms.py made once from the reference's own code (commit 973e4af).
-Some facts in those fixtures are about the reference alone (its FedProx is FedAvg, its FedExp
-step stays at 1, ...): a test asserting them runs no project code and cannot fail, so they are
-recorded in docs/reference.md §5 instead, and this script recomputes each one from the fixtures
+bench/reference/reference_fixtures_algorithms.py made once from the reference's own code (commit
+973e4af). Some facts in those fixtures are about the reference alone (its FedProx is FedAvg, its
+FedExp step stays at 1, ...): a test asserting them runs no project code and cannot fail, so they
+are recorded in docs/reference.md §5 instead, and this script recomputes each one from the fixtures
 (NumPy only, a second):
 
-  .venv/bin/python -m bench.reference_facts
+  .venv/bin/python -m bench.reference.reference_facts
 
 It prints one line per fact, `ok` or `DIFFERS`, with the number behind it, and exits 1 if a fact
 no longer holds (after the fixtures were remade, say).
@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(ROOT, 'tests', 'testdata', 'reference')
 ALG = os.path.join(DATA, 'algorithms')
 CLIENT_SIZES = (97, 64, 30)

@@ -4,10 +4,11 @@ Run ONCE, in an environment with PyTorch (not a dependency of this project) and 
 reference (github.com/bytedance/FedDecorr, commit 973e4af):
 
   python3.11 -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch==2.1.2 numpy==1.25.2
-  .venv/bin/python -m bench.reference_fixtures --export_images=/tmp/cifar_sample.npz \
+  .venv/bin/python -m bench.reference.reference_fixtures --export_images=/tmp/cifar_sample.npz \
       --data_dir=../shared/data/tfds                     # CIFAR-10 images, with TF (this venv)
-  /tmp/torchenv/bin/python bench/reference_fixtures.py --reference_dir=/path/to/FedDecorr \
-      --images=/tmp/cifar_sample.npz --out=tests/testdata/reference
+  /tmp/torchenv/bin/python bench/reference/reference_fixtures.py \
+      --reference_dir=/path/to/FedDecorr --images=/tmp/cifar_sample.npz \
+      --out=tests/testdata/reference
 
 The second step imports the reference's own `networks` and `loss` modules (so the fixtures are
 what its code computes, not our reading of it) and records, for ResNet20 and MobileNetV2:
@@ -27,7 +28,7 @@ and its later weights and gradients are stored as per-tensor fingerprints (sum, 
 and the dot product with a seeded random vector that the test regenerates with NumPy). ResNet20
 keeps whole arrays for its start, the FedDecorr run's first gradients and first step, and the FedAvg
 round; fingerprints for the rest.
-tests/reference_equivalence_test.py and bench/fidelity.py read the result.
+tests/reference_equivalence_test.py and bench/accuracy/fidelity.py read the result.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def fingerprint(name: str, array: np.ndarray) -> np.ndarray:
 def _export_images(path: str, data_dir: str, count: int) -> None:
   """With TF (this project's venv): the first `count` CIFAR-10 train images in official order and
   the first 64 test images, as uint8 NHWC."""
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
   from tasks import registry  # pylint: disable=g-import-not-at-top
   task = registry.get('cifar10')
   x, y, _ = task.load_split('train', data_dir)

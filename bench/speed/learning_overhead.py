@@ -41,9 +41,9 @@ process's metrics, `aggregator/bytes_up` (what the aggregator's wire format send
 type signatures) and `aggregator/bytes_up_float32` (the same update as plain float32); for
 `runtime`, its own `bytes_up` metric (the contribution as float32).
 
-  .venv/bin/python -m bench.learning_overhead                   # CPU scale: digits, 10 clients
-  .venv/bin/python -m bench.learning_overhead --repeats=15 --variants=process_mean,process_dp
-  .venv/bin/python -m bench.learning_overhead --task=cifar10 --data_dir=DIR   # small_cnn
+  .venv/bin/python -m bench.speed.learning_overhead             # CPU scale: digits, 10 clients
+  .venv/bin/python -m bench.speed.learning_overhead --repeats=15 --variants=process_mean,process_dp
+  .venv/bin/python -m bench.speed.learning_overhead --task=cifar10 --data_dir=DIR  # small_cnn
 
 CPU scale (default): the embedded digits task (no download) with its default model (small_cnn) and
 settings, 10 clients all sampled every round, 1 local epoch. --task=cifar10 reads CIFAR-10 from

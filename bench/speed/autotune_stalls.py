@@ -2,17 +2,17 @@ r"""How often a client step or an evaluation runs on one core of two, with tf.da
 and off (tff_decorr/data_options.py).
 
 Times blocks of the project's ResNet20 client step (6 batches of 64 in memory, FedAvg, as
-bench/step_speed.py builds it) and evaluations of the shared CIFAR-10 test set (10,000 images), in
-one process, the two variants alternating block by block:
+bench/speed/step_speed.py builds it) and evaluations of the shared CIFAR-10 test set (10,000
+images), in one process, the two variants alternating block by block:
 - `off`: as the project runs them (data_options.without_autotune);
 - `on`: the same with tf.data's default, autotuning on (data_options.without_autotune replaced by
   the identity while the step is traced and while the evaluation iterates).
 A block counts as on one core when its wall time exceeds 0.8x its CPU time (two busy cores give
 about 0.5x). Printed per variant: blocks, blocks on one core, median and mean wall time.
 
-  .venv/bin/python -m bench.autotune_stalls --blocks=40 --evaluations=8 --beta=0
+  .venv/bin/python -m bench.speed.autotune_stalls --blocks=40 --evaluations=8 --beta=0
 
-bench/step_speed.py's flags set the step: --beta (FedDecorr's coefficient; 0: the fidelity
+bench/speed/step_speed.py's flags set the step: --beta (FedDecorr's coefficient; 0: the fidelity
 setting's FedAvg), --batch_size, --precision.
 
 Writes bench/results/autotune_stalls.json. Run it alone on the machine.
@@ -29,7 +29,7 @@ from absl import app
 from absl import flags
 
 from bench import _common
-from bench import step_speed
+from bench.speed import step_speed
 from tasks import registry
 from tff_decorr import data_options
 from tff_decorr import models
@@ -76,7 +76,7 @@ def _print(what: str, result: dict) -> list:
 def main(argv):
   del argv
   report = {'machine': _common.machine(), 'command': ' '.join(
-      ['.venv/bin/python -m bench.autotune_stalls', f'--blocks={FLAGS.blocks}',
+      ['.venv/bin/python -m bench.speed.autotune_stalls', f'--blocks={FLAGS.blocks}',
        f'--evaluations={FLAGS.evaluations}', f'--beta={FLAGS.beta}',
        f'--precision={FLAGS.precision}'])}
   steps = {}

@@ -1,0 +1,355 @@
+r"""The paper's claim at the reproduction setting: FedAvg against FedAvg + FedDecorr, the project
+and the PyTorch reference's main.py, results committed as each run finishes (docs/reproduction.md).
+
+The setting is bench/settings.py's `reproduction` (ResNet20, the shared 10k CIFAR-10, Dirichlet
+alpha 0.05, 10 clients all taking part, 30 rounds x 5 local epochs, lr 0.01, momentum 0.9, weight
+decay 1e-5, batch 64, beta 0.1). Project runs go through bin/study with the test accuracy every
+round, the global model exported every 10 rounds and client 0's local model of the last round
+saved, so bin/report gives the spectra at rounds 10, 20, 30 and the local-vs-global gap.
+
+  .venv/bin/python -m bench.accuracy.reproduction --sides=project --seeds=0,1,2  # a seed at a time
+  .venv/bin/python -m bench.accuracy.reproduction --sides=reference --seeds=0    # its main.py
+  .venv/bin/python -m bench.accuracy.reproduction --figures           # from the committed files
+
+(`python -m bench.reproduction`, the name long runs were started with, runs this module too.)
+
+Each finished run is archived at once into bench/results/reproduction/alpha<alpha>/ (bin/report
+--archive_dir: config, summary, metrics.csv and spectra.json a run; the reference's JSON under
+reference/), so the study survives losing the machine: the same command on another machine skips
+what the archive holds and runs the rest. Run it from a worktree at a fixed commit (autograph
+re-reads source files, so code edited under a running job reaches it), one run at a time.
+`--figures` needs nothing but the archive: bin/report's page in docs/reproduction/report/ and the
+project-versus-reference curves, docs/reproduction/curves.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from absl import app
+from absl import flags
+
+from bench import _common
+from bench import settings
+
+_ROOT = _common.ROOT
+METHODS = ('none', 'feddecorr')
+LABELS = {'none': 'FedAvg', 'feddecorr': 'FedAvg + FedDecorr'}
+
+_SIDES = flags.DEFINE_list('sides', ['project'], 'project and/or reference.')
+_SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds, run in this order, both methods each.')
+_ALPHA = flags.DEFINE_string('alpha', '0.05', 'Dirichlet alpha (0.5: the paper\'s less '
+                             'heterogeneous contrast).')
+_LOCAL_EPOCHS = flags.DEFINE_integer('local_epochs', settings.REPRODUCTION['local_epochs'],
+                                     'Local epochs a round (the paper\'s next axis: 10).')
+_MODEL = flags.DEFINE_string('model', settings.REPRODUCTION['model'],
+                             'Model (the paper\'s: mobilenet_v2_cifar).')
+_FIGURES = flags.DEFINE_bool('figures', False, 'Only draw the figures and tables from the archive.')
+_SNAPSHOT = flags.DEFINE_bool('snapshot', False, 'Only archive: the finished runs of the study, and '
+                              'the metrics.csv of each run still training into in_progress/ '
+                              '(drawn dotted by --figures, never averaged in).')
+_STUDY_DIR = flags.DEFINE_string('study_dir', '', 'The project\'s study (default '
+                                 '<work_dir>/alpha<alpha>/study).')
+_WORK_DIR = flags.DEFINE_string('work_dir', '/tmp/tff_decorr_reproduction',
+                                'Where the runs train (run directories, exports, the reference\'s '
+                                'working files); only the archive is kept.')
+_DATA_DIR = flags.DEFINE_string('data_dir', os.path.join(os.path.dirname(_ROOT), 'shared', 'data',
+                                                         'tfds'), 'TFDS data dir holding cifar10.')
+_TORCH_PYTHON = flags.DEFINE_string('torch_python', '/tmp/torchenv/bin/python',
+                                    'Python of the PyTorch environment '
+                                    '(bench/reference/reference_main.py).')
+_REFERENCE_DIR = flags.DEFINE_string('reference_dir', '/tmp/FedDecorr',
+                                     'Checkout of the reference '
+                                     '(bench/reference/reference_main.py).')
+_REFERENCE_PARALLEL = flags.DEFINE_integer(
+    'reference_parallel', 1, 'Reference runs at once, the cores split between them. 1: a run '
+    'cannot resume, so finishing one before the next loses less to a cut-short session; two at '
+    'once took about 385 CPU-s a round each with one thread, against about 340 with two.')
+
+
+def variant() -> str:
+  """The archive's folder name: alpha, and what differs from the reproduction setting."""
+  name = f'alpha{_ALPHA.value}'
+  if _LOCAL_EPOCHS.value != settings.REPRODUCTION['local_epochs']:
+    name += f'-e{_LOCAL_EPOCHS.value}'
+  if _MODEL.value != settings.REPRODUCTION['model']:
+    name += f'-{_MODEL.value}'
+  return name
+
+
+def archive_dir() -> str:
+  return os.path.join(_ROOT, 'bench', 'results', 'reproduction', variant())
+
+
+def _run(argv, log_path=None):
+  print('$ ' + ' '.join(argv), flush=True)
+  if log_path:
+    with open(log_path, 'a') as log:
+      return subprocess.run(argv, cwd=_ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+  return subprocess.run(argv, cwd=_ROOT).returncode
+
+
+def study_dir() -> str:
+  return _STUDY_DIR.value or os.path.join(_WORK_DIR.value, variant(), 'study')
+
+
+def _archive_finished() -> None:
+  rc = _run([sys.executable, '-m', 'bin.report', f'--study_dir={study_dir()}',
+             f'--archive_dir={archive_dir()}', f'--data_dir={_DATA_DIR.value}'])
+  if rc:
+    raise SystemExit(f'bin/report --archive_dir exited {rc}.')
+
+
+def _snapshot() -> None:
+  """Finished runs archived; a run still training leaves its metrics.csv and config.json in
+  in_progress/<name>/ (replaced by its archived run once it finishes)."""
+  _archive_finished()
+  runs = os.path.join(study_dir(), 'runs')
+  for name in sorted(os.listdir(runs)):
+    dest = os.path.join(archive_dir(), 'in_progress', name)
+    if os.path.exists(os.path.join(archive_dir(), 'runs', name)):
+      shutil.rmtree(dest, ignore_errors=True)
+      continue
+    if os.path.exists(os.path.join(runs, name, 'metrics.csv')):
+      os.makedirs(dest, exist_ok=True)
+      for f in ('metrics.csv', 'config.json'):
+        shutil.copyfile(os.path.join(runs, name, f), os.path.join(dest, f))
+      print(f'in progress: {name} -> {dest}', flush=True)
+  _snapshot_reference()
+
+
+def _snapshot_reference() -> None:
+  """A reference run still training leaves its rounds so far in reference/in_progress/."""
+  ref_dir = os.path.join(archive_dir(), 'reference')
+  work = os.path.join(_WORK_DIR.value, variant(), 'reference')
+  for name in sorted(os.listdir(work)) if os.path.isdir(work) else []:
+    if not name.endswith('.progress.json'):
+      continue
+    final = name.replace('.progress.json', '.json')
+    dest = os.path.join(ref_dir, 'in_progress', final)
+    if os.path.exists(os.path.join(ref_dir, final)):
+      if os.path.exists(dest):
+        os.remove(dest)
+      continue
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    shutil.copyfile(os.path.join(work, name), dest + '.tmp')
+    os.replace(dest + '.tmp', dest)
+    print(f'in progress: reference {final} -> {dest}', flush=True)
+
+
+def _project(seeds) -> None:
+  study = study_dir()
+  grid = settings.flags(settings.REPRODUCTION, dirichlet_alpha=_ALPHA.value,
+                        local_epochs=_LOCAL_EPOCHS.value, model=_MODEL.value)
+  common = [sys.executable, '-m', 'bin.study', f'--study_dir={study}', *grid,
+            '--algorithm=fedavg', f'--regularizer={",".join(METHODS)}',
+            f'--feddecorr_beta={settings.FEDDECORR_BETA}', f'--data_dir={_DATA_DIR.value}',
+            '--runtime=tf', '--eval_every=1', f'--export_every={10}', '--save_local_models=0',
+            f'--save_local_rounds={settings.REPRODUCTION["rounds"]}']
+  done_before = _archived_seeds()
+  for i, seed in enumerate(seeds):
+    if all((m, seed) in done_before for m in METHODS):
+      print(f'seed {seed}: both methods already archived in {archive_dir()}', flush=True)
+      continue
+    # The grid grows a seed at a time (earlier seeds are finished and skipped), so study.json
+    # always lists every seed run so far.
+    rc = _run([*common, f'--seed={",".join(seeds[:i + 1])}'])
+    if rc:
+      raise SystemExit(f'bin/study exited {rc}; see {study}/logs; re-run the same command.')
+    _snapshot()
+
+
+def _archived_seeds():
+  manifest = os.path.join(archive_dir(), 'study.json')
+  if not os.path.exists(manifest):
+    return set()
+  with open(manifest) as f:
+    return {(c['flags'].get('regularizer'), c['flags'].get('seed')) for c in json.load(f)['cells']}
+
+
+def _reference(seeds) -> None:
+  from bench.reference import reference_main  # pylint: disable=g-import-not-at-top
+  out_dir = os.path.join(archive_dir(), 'reference')
+  os.makedirs(out_dir, exist_ok=True)
+  work = os.path.join(_WORK_DIR.value, variant(), 'reference')
+  os.makedirs(work, exist_ok=True)
+  data = os.path.join(_WORK_DIR.value, 'ref_cifar10.npz')
+  if not os.path.exists(data):
+    reference_main.export(data, _DATA_DIR.value)
+  if _MODEL.value != 'resnet20':
+    raise SystemExit('the reference side runs ResNet20 only here (its MobileNetV2 is another '
+                     'main.py --model); give --sides=project.')
+  jobs = []
+  for seed in seeds:
+    for method in METHODS:
+      dest = os.path.join(out_dir, f'fedavg-{method}-s{seed}.json')
+      if os.path.exists(dest):
+        print(f'{dest}: already archived', flush=True)
+        continue
+      argv = reference_main.reference_argv('fedavg', int(seed), method, float(_ALPHA.value),
+                                           settings.REPRODUCTION['rounds'], _LOCAL_EPOCHS.value)
+      jobs.append((seed, method, dest, argv))
+  # Runs `--reference_parallel` at a time, the cores split between them (torch's intra-op threads):
+  # both methods of a seed advance together, so a run cut short leaves two curves of one length.
+  parallel = max(1, _REFERENCE_PARALLEL.value)
+  threads = max(1, (os.cpu_count() or 1) // parallel)
+  while jobs:
+    batch, jobs = jobs[:parallel], jobs[parallel:]
+    procs = []
+    for seed, method, dest, argv in batch:
+      tmp = os.path.join(work, os.path.basename(dest))
+      cmd = [_TORCH_PYTHON.value, os.path.join(_ROOT, 'bench', 'reference', 'reference_main.py'),
+             f'--reference_dir={_REFERENCE_DIR.value}', f'--data={data}', f'--out={tmp}',
+             f'--progress={_progress_path(seed, method)}', '--', *argv]
+      print('$ ' + ' '.join(cmd), flush=True)
+      log = open(tmp + '.stdout', 'a')  # pylint: disable=consider-using-with
+      env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+      procs.append((seed, method, dest, tmp, log, time.time(),
+                    subprocess.Popen(cmd, cwd=_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                     env=env)))
+    for seed, method, dest, tmp, log, t0, proc in procs:
+      rc = proc.wait()
+      log.close()
+      if rc or not os.path.exists(tmp):
+        raise SystemExit(f'the reference\'s run failed (exit {rc}); see {tmp}.stdout')
+      shutil.copyfile(tmp, dest + '.tmp')
+      os.replace(dest + '.tmp', dest)
+      print(f'reference {method} seed {seed}: archived {dest} ({time.time() - t0:.0f} s)',
+            flush=True)
+
+
+def _progress_path(seed, method) -> str:
+  return os.path.join(_WORK_DIR.value, variant(), 'reference', f'fedavg-{method}-s{seed}.progress.json')
+
+
+def _reference_curves():
+  """{method: [(seed, rounds, accuracies, finished)]} of the archived reference runs, those still
+  training (reference/in_progress/) included when no finished run of theirs is archived."""
+  out = {}
+  ref_dir = os.path.join(archive_dir(), 'reference')
+  for method in METHODS:
+    prefix = f'fedavg-{method}-s'
+    for folder, finished in ((ref_dir, True), (os.path.join(ref_dir, 'in_progress'), False)):
+      for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if not (name.startswith(prefix) and name.endswith('.json')):
+          continue
+        seed = name[len(prefix):-5]
+        if not finished and any(s == seed for s, *_ in out.get(method, [])):
+          continue
+        with open(os.path.join(folder, name)) as f:
+          r = json.load(f)
+        acc = [x['test_accuracy'] for x in r['rounds'] if 'test_accuracy' in x]
+        out.setdefault(method, []).append((seed, list(range(1, len(acc) + 1)), acc, finished))
+  return out
+
+
+def _late_rounds_table(runs, path: str) -> None:
+  """Means over the last third of the rounds, and over its odd and even rounds apart.
+
+  At this setting FedAvg's curve swings by 4-6 points with a period of two rounds
+  (docs/reproduction.md), so the last round's accuracy depends on which phase it falls in; a
+  mean over whole periods does not.
+  """
+  from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
+  total = settings.REPRODUCTION['rounds']
+  first = total - total // 3 + 1
+  lines = [f'| run | seed | rounds | final | best | mean, rounds {first}-{total} | '
+           f'odd rounds {first}-{total} | even rounds {first}-{total} |', '|---' * 8 + '|']
+  rows = []
+  for r in runs:
+    x, y = report.read_curve(r.path)
+    rows.append((f'{LABELS[r.flags.get("regularizer")]}, project', r.flags.get('seed', '?'), x, y))
+  for method in METHODS:
+    for seed, x, y, finished in _reference_curves().get(method, []):
+      rows.append((f'{LABELS[method]}, reference' + ('' if finished else ' (training)'), seed,
+                   np.asarray(x), np.asarray(y)))
+  for name, seed, x, y in rows:
+    late = {int(a): float(b) for a, b in zip(x, y) if a >= first}
+    def mean(keep):
+      v = [b for a, b in late.items() if keep(a)]
+      return f'{100 * statistics.mean(v):.2f}' if v else '—'
+    lines.append(f'| {name} | {seed} | {len(x)} | {100 * y[-1]:.2f} | {100 * max(y):.2f} | '
+                 f'{mean(lambda a: True)} | {mean(lambda a: a % 2)} | '
+                 f'{mean(lambda a: not a % 2)} |' if len(y) else f'| {name} | {seed} | 0 |')
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'w') as f:
+    f.write('\n'.join(lines) + '\n\nTest accuracy (%) of the global model; written by '
+            '`python -m bench.reproduction --figures` from the committed archive.\n')
+  print(f'wrote {path}')
+
+
+def _figures() -> None:
+  from tff_decorr.collapse import plots  # pylint: disable=g-import-not-at-top
+  from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
+  from tff_decorr.studies import study  # pylint: disable=g-import-not-at-top
+  docs = os.path.join(_ROOT, 'docs', 'reproduction', variant())
+  os.chdir(_ROOT)  # The page names the archive by its path in the repository.
+  written = report.build(os.path.relpath(archive_dir(), _ROOT), os.path.join(docs, 'report'),
+                         spectra=True, thresholds=(0.2, 0.25, 0.3), log=lambda s: None)
+  for kind in [k for k in written if k.endswith(('_svg', '_pdf'))]:
+    os.remove(written.pop(kind))  # The page shows the PNGs (report.html embeds them).
+  manifest = study.read_manifest(archive_dir())
+  runs = [r for r in report.load_runs(archive_dir(), manifest) if r.done]
+  panel = []
+  for k, method in enumerate(METHODS):
+    curves = [report.read_curve(r.path) for r in runs if r.flags.get('regularizer') == method]
+    curves = [c for c in curves if c[0].size]
+    if curves:
+      common = sorted(set.intersection(*(set(x.tolist()) for x, _ in curves)))
+      ys = [[float(v) for v in y[:len(common)]] for _, y in curves]
+      mean = [statistics.mean(col) for col in zip(*ys)]
+      std = [statistics.stdev(col) for col in zip(*ys)] if len(ys) > 1 else None
+      seeds = [r.flags.get('seed', '?') for r in runs if r.flags.get('regularizer') == method]
+      which = f'mean ± std of seeds {", ".join(seeds)}' if len(ys) > 1 else f'seed {seeds[0]}'
+      panel.append({'label': f'{LABELS[method]}, project ({which})', 'color': f'C{k}',
+                    'x': common, 'y': mean, 'std': std})
+  in_progress = os.path.join(archive_dir(), 'in_progress')
+  for name in sorted(os.listdir(in_progress)) if os.path.isdir(in_progress) else []:
+    with open(os.path.join(in_progress, name, 'config.json')) as f:
+      config = json.load(f)
+    x, y = report.read_curve(os.path.join(in_progress, name))
+    k = METHODS.index(config['regularizer'])
+    panel.append({'label': f'{LABELS[config["regularizer"]]}, project seed {config["seed"]} '
+                           f'(training: {len(x)}/{config["rounds"]} rounds)', 'color': f'C{k}',
+                  'x': x, 'y': y, 'incomplete': True})
+  for k, method in enumerate(METHODS):
+    for seed, x, y, finished in _reference_curves().get(method, []):
+      status = '' if finished else f' (training: {len(x)}/{settings.REPRODUCTION["rounds"]} rounds)'
+      panel.append({'label': f'{LABELS[method]}, reference seed {seed}{status}', 'color': f'C{k}',
+                    'x': x, 'y': y, 'linestyle': '--'})
+  _late_rounds_table(runs, os.path.join(docs, 'late_rounds.md'))
+  path = os.path.join(docs, 'curves.png')
+  plots.plot_curves({f'CIFAR-10, ResNet20, alpha {_ALPHA.value}, E={_LOCAL_EPOCHS.value}': panel},
+                    path, formats=('png',))
+  print(f'wrote {path}')
+  for kind, p in written.items():
+    print(f'wrote {kind}: {p}')
+
+
+def main(argv):
+  del argv
+  if not set(_SIDES.value) <= {'project', 'reference'}:
+    raise app.UsageError(f'--sides from project, reference; got {_SIDES.value}.')
+  if _FIGURES.value:
+    _figures()
+    return
+  if _SNAPSHOT.value:
+    _snapshot()
+    return
+  seeds = [str(int(s)) for s in _SEEDS.value]
+  if 'project' in _SIDES.value:
+    _project(seeds)
+  if 'reference' in _SIDES.value:
+    _reference(seeds)
+
+
+if __name__ == '__main__':
+  app.run(main)
