@@ -56,12 +56,19 @@ def _binaries_of(proc):
           if os.path.basename(c.cmdline()[0]) == 'worker_binary']
 
 
+def _running(pid) -> bool:
+  # A process may exit between two looks at it: that is the answer, not an error.
+  try:
+    return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+  except psutil.NoSuchProcess:
+    return False
+
+
 def _gone(pids, timeout=15.0):
   deadline = time.monotonic() + timeout
   alive = list(pids)
   while alive and time.monotonic() < deadline:
-    alive = [p for p in alive if psutil.pid_exists(p) and
-             psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    alive = [p for p in alive if _running(p)]
     time.sleep(0.2)
   return alive
 
