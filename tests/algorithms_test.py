@@ -959,20 +959,22 @@ class ConvexTest(tf.test.TestCase, parameterized.TestCase):
 
 class ServerOptimisersTrainTest(_DigitsBase):
   """The new server algorithms train the embedded digits task at client momentum 0.9 (the task's
-  defaults: small_cnn, Dirichlet 0.5, 5 local epochs; its server_lr and BN rule for the adaptive
-  ones), with FedDecorr on, through the training program in the TF runtime: finite losses, a
+  defaults: small_cnn, Dirichlet 0.5, 5 local epochs; the algorithms' own settings), with
+  FedDecorr on, through the training program in the TF runtime: finite losses, a
   test accuracy well above chance (0.1) after ROUNDS rounds, final weights that differ from
   FedAvg's run of the same seed by more than NOT_FEDAVG, and the server state the paper
-  describes (below). Cheap: 4 clients, about 20 s each."""
+  describes (below). 8 rounds: at the measured server rates (fedadam and fedyogi 0.01,
+  docs/algorithms.md) 5 rounds left the loss at 0.55 of its first round's (1.67 -> 0.92). Cheap: 4 clients, about
+  30 s each."""
 
-  ROUNDS = 5
+  ROUNDS = 8
 
   @parameterized.parameters('fedadagrad', 'fedadam', 'fedyogi')
   def test_adaptive_optimiser_trains_on_digits_with_its_moments(self, name):
     state, alg = self.train(name, 0.3)
     # Reddi et al.: one first and one second moment per coordinate of every weight the optimiser
-    # steps. The digits task gives the statistics FedAvg's average (bn='average'): their moments
-    # stay 0; every trainable weight's are non-zero (v > 0 where the clients moved it).
+    # steps. The statistics get FedAvg's average (bn='average', the measured setting): their
+    # moments stay 0; every trainable weight's are non-zero (v > 0 where the clients moved it).
     self.assertEqual(alg.hparams.bn, 'average')
     self.assertLen(state['m'], len(state['weights']))
     self.assertLen(state['v'], len(state['weights']))

@@ -53,13 +53,15 @@ class FedExpHParams(hparams.HParams):
   eps: float = hparams.field(1e-3, 'epsilon in eta_g = max(1, avg ||Delta_i||^2 / (2 (||avg '
                              'Delta||^2 + eps))) (the reference and the paper: 1e-3).',
                              minimum=0.0, min_exclusive=True)
-  bn: str = hparams.field('reference', 'BN moving statistics: reference = in the norms and '
-                          'extrapolated by eta_g (variances clamped at 0); average = left out of '
-                          'the norms and averaged.', choices=BN_RULES)
+  bn: str = hparams.field('average', 'BN moving statistics: average = left out of the norms and '
+                          'averaged (the default: the paper\'s norms are over the weights); '
+                          'reference = in the norms and extrapolated by eta_g, as the reference '
+                          '(variances clamped at 0).', choices=BN_RULES)
   step_counters: bool = hparams.field(
-      True, 'as the reference, add PyTorch BatchNorm\'s num_batches_tracked counters to both '
-      'norms (each client\'s local step count K_i in every BN layer), which holds eta_g near 1 '
-      '(FedAvg\'s step) unless step counts vary widely; false = the paper\'s norms.')
+      False, 'true = as the reference, add PyTorch BatchNorm\'s num_batches_tracked counters to '
+      'both norms (each client\'s local step count K_i in every BN layer), which holds eta_g near '
+      '1 (FedAvg\'s step) unless step counts vary widely; false (the default) = the paper\'s '
+      'norms.')
 
 
 class FedExp(base.Algorithm):
