@@ -268,7 +268,7 @@ class FedExpTest(_Base):
   1 in all three rounds, where over the weights alone it would be about 1.3 and 1.6 in rounds 2
   and 3. Keras BN has no counters; the project adds their terms by default (`step_counters`, as
   the reference) from each client's step count. What is pinned:
-  - the project's default (bn='reference', step_counters) over 3 rounds: global models against
+  - the reference's form (bn='reference', step_counters) over 3 rounds: global models against
     fedexp_nocounters (the same as fedexp's: the two fixtures' clients and globals agree); each
     client's squared update norm key by key against the reference's per-key sums; the counters'
     share of each client's norm exactly; the exact sums and the ratio before eta_g's floor
@@ -283,7 +283,7 @@ class FedExpTest(_Base):
 
   def test_three_rounds(self):
     fx, full = _load('fedexp_nocounters'), _load('fedexp')
-    run = _Run('fedexp', fx, epochs=2, eps=1e-3, bn='reference')
+    run = _Run('fedexp', fx, epochs=2, eps=1e-3, bn='reference', step_counters=True)
     with testutil.Float64Scope():
       weights_only = algorithms.build('fedexp', lambda: testutil.resnet20_f64(run.state), CONFIG, None,
                                       eps=1e-3, bn='average', step_counters=False)
