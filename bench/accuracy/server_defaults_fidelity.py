@@ -83,11 +83,15 @@ def make_config(name: str, extra: Dict[str, Any], seed: int):
                 data_dir=os.path.abspath(FLAGS.data_dir),
                 cache_dir=os.path.join(FLAGS.output_dir, 'cache'), **extra)
   config = config_lib.make(**values)
-  resolved = resolved_settings(config, name)
-  key = hashlib.sha256(json.dumps(resolved, sort_keys=True).encode()).hexdigest()[:8]
-  config.output_dir = os.path.join(FLAGS.output_dir, f'r{FLAGS.rounds}', f'{name}-{key}',
-                                   f's{seed}')
+  config.output_dir = os.path.join(FLAGS.output_dir, f'r{FLAGS.rounds}',
+                                   cell_key(name, resolved_settings(config, name)), f's{seed}')
   return config
+
+
+def cell_key(name: str, resolved: Dict[str, Any]) -> str:
+  """A cell's name: the algorithm and a hash of the settings it resolved to (its run directory
+  and its key in the results JSON)."""
+  return f'{name}-' + hashlib.sha256(json.dumps(resolved, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def resolved_settings(config, name: str) -> Dict[str, Any]:
@@ -125,8 +129,7 @@ def main(argv):
     extra = {k: _typed(v) for k, v in given.items() if k.startswith(f'{name}_')}
     print(f'{name}{" " + str(extra) if extra else " (defaults)"}:', flush=True)
     cell = run_cell(name, extra, seeds)
-    key = f'{name}-' + hashlib.sha256(json.dumps(cell['settings'], sort_keys=True)
-                                      .encode()).hexdigest()[:8]
+    key = cell_key(name, cell['settings'])
     cell['form'] = 'set' if extra else 'default'
     report['cells'][key] = cell
     done.append(key)
