@@ -252,9 +252,11 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
       ('fedavgm_reference_bn', 'fedavgm', dict(server_momentum=0.9, bn='reference')),
       ('fedavgm_tff_reference_bn', 'fedavgm',
        dict(server_momentum=0.9, form='tff', bn='reference')),
-      ('fedadam', 'fedadam', dict(server_lr=0.3)),
-      ('fedyogi', 'fedyogi', dict(server_lr=0.3)),
-      ('fedadagrad', 'fedadagrad', dict(server_lr=0.5)))
+      # The adaptive optimisers' default (bn='average') keeps the statistics out of the server
+      # rule; bn='reference' (the reference's form) sends them through it, as this test needs.
+      ('fedadam_reference_bn', 'fedadam', dict(server_lr=0.3, bn='reference')),
+      ('fedyogi_reference_bn', 'fedyogi', dict(server_lr=0.3, bn='reference')),
+      ('fedadagrad_reference_bn', 'fedadagrad', dict(server_lr=0.5, bn='reference')))
   def test_statistics_through_the_server_optimiser_never_make_a_variance_negative(
       self, name, hp):
     # The clients' averaged moving variance drops to 0.01 and stays there; every other weight is
@@ -387,7 +389,9 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     # Two clients whose variances straddle the server's: their squared norms are large, the
     # average's small, so eta_g is large and the averaged (lower) variance is extrapolated below
     # zero; the variance is clamped at 0 (NumPy).
-    alg = algorithms.build('fedexp', testing.tiny_model, CFG, step_counters=False)
+    # bn='reference' (the reference's form) scales the statistics by eta_g as well; the default,
+    # bn='average', takes the clients' average and cannot go below zero.
+    alg = algorithms.build('fedexp', testing.tiny_model, CFG, step_counters=False, bn='reference')
     var = alg.spec.names.index(next(n for n in alg.spec.names if 'moving_variance' in n))
     x = [w.astype(np.float32) for w in self.x0]
     d1 = [np.zeros_like(w) for w in x]
