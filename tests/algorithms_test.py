@@ -379,11 +379,38 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
                           norm([a - b for a, b in zip(x, x_before)]), rtol=1e-4)
       self.assertAllClose(metrics['server/pseudo_gradient_norm'], norm(avg_delta), rtol=1e-4)
       assert_lists_close(self, state['weights'], x, atol=2e-5, rtol=1e-4)
+      # What is evaluated and exported by default: the paper's (x_t + x_{t-1}) / 2 of the
+      # trainable variables; the BN statistics are x_t's (as the authors' code).
+      assert_lists_close(self, alg.global_weights(state),
+                         [(a + b) / 2 if t else a for a, b, t in zip(x, x_before,
+                                                                     alg.spec.trainable)],
+                         atol=2e-5, rtol=1e-4)
       etas.append(float(state['eta_g']))
     if bn == 'reference' and not step_counters:  # It extrapolated: not FedAvg. (Here the BN
       self.assertGreater(max(etas), 1.05)  # statistics' deltas dominate the norms.)
     if step_counters:  # The counters swamp both norms: eta_g stays at 1 (the reference's FedAvg).
       self.assertEqual(etas, [1.0, 1.0, 1.0])
+
+  def test_fedexp_evaluating_the_last_iterate_trains_the_same_model(self):
+    # evaluate='last' (the reference's) evaluates x_t; the default evaluates (x_t + x_{t-1}) / 2.
+    # Either way the clients receive x_t, so the trajectories are the same.
+    algs = {e: algorithms.build('fedexp', testing.tiny_model, CFG, evaluate=e)
+            for e in ('last', 'average_last_two')}
+    states = {e: a.initial_server_state(self.x0) for e, a in algs.items()}
+    self.assertNotIn('previous_weights', states['last'])
+    for _ in range(2):
+      before = {e: [np.asarray(w) for w in s['weights']] for e, s in states.items()}
+      states = {e: run(a, states[e], ['0', '3'])[0] for e, a in algs.items()}
+      assert_lists_close(self, states['last']['weights'], states['average_last_two']['weights'],
+                         atol=1e-6, rtol=1e-6)
+      assert_lists_close(self, algs['last'].global_weights(states['last']),
+                         states['last']['weights'], atol=0, rtol=0)
+      assert_lists_close(self, states['average_last_two']['previous_weights'],
+                         before['average_last_two'], atol=0, rtol=0)
+    moved = max(np.abs(a - b).max() for a, b in zip(
+        algs['average_last_two'].global_weights(states['average_last_two']),
+        states['average_last_two']['weights']))
+    self.assertGreater(moved, 1e-4)  # The two evaluated models differ.
 
   def test_fedexp_clamps_an_extrapolated_variance(self):
     # Two clients whose variances straddle the server's: their squared norms are large, the

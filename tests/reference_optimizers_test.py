@@ -266,8 +266,9 @@ class FedExpTest(_Base):
   num_batches_tracked counters (each client's delta there is its local step count, summed in
   float32) and running statistics included; they dominate both sums and hold eta_g at its floor of
   1 in all three rounds, where over the weights alone it would be about 1.3 and 1.6 in rounds 2
-  and 3. Keras BN has no counters; the project adds their terms by default (`step_counters`, as
-  the reference) from each client's step count. What is pinned:
+  and 3. Keras BN has no counters; the project adds their terms with `step_counters=True` (the
+  reference's form; the default is the paper's norms) from each client's step count. What is
+  pinned:
   - the reference's form (bn='reference', step_counters) over 3 rounds: global models against
     fedexp_nocounters (the same as fedexp's: the two fixtures' clients and globals agree); each
     client's squared update norm key by key against the reference's per-key sums; the counters'
@@ -306,7 +307,7 @@ class FedExpTest(_Base):
       captured.clear()
       run.round()
       # The reference's step is 1 in every round (docs/reference.md §5: its counters), the
-      # project's default too.
+      # project's reference form too.
       self.assertEqual(float(run.server['eta_g']), 1.0)
       worst.append(self.assert_state(run.to_torch(run.server['weights']), fx, f'global{r}'))
       # The reference's per-key sums (they add up to its whole sums, docs/reference.md §5).
@@ -322,7 +323,7 @@ class FedExpTest(_Base):
           tol = VAR_TOL if k.endswith('running_var') else 1e-6
           self.assertLess(abs(np.sum(d[k]**2) - want), tol * max(want, 1e-12),
                           f'round {r}, client {i}: {k}')
-      # Its step counters (step_counters, the default): each client's local step count K_i in
+      # Its step counters (step_counters=True): each client's local step count K_i in
       # every BN layer, as the reference's per-key sums hold them (exactly: small integers).
       for i, (_, exact, n) in enumerate(captured):
         k = float(exact['step_sum']) / float(n)
