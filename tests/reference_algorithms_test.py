@@ -37,6 +37,7 @@ a tiny dense model with BatchNorm whose gradients are written out by hand, over 
 import json
 import os
 
+from absl import logging
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
@@ -114,27 +115,32 @@ def _stats(fx, entry):
 class _Run:
   """One of the project's algorithms on a fixture's clients, ResNet20 in float64, TF runtime."""
 
-  def __init__(self, name, fx, regularizer, init=None, **hparams):
+  def __init__(self, name, fx, regularizer, init=None, epochs=1, **hparams):
     self.state = _init_state()
     self.state.update({k: np.asarray(v, np.float64) for k, v in (init or {}).items()})
     self.model = testutil.resnet20_f64(self.state)
     b = _Fixture.load('batches', DATA)
-    indices = [fx[f'client{i}/indices'] for i in range(len(CLIENT_SIZES))]
+    indices = [fx[f'client{i}/indices'] for i in range(sum(k.endswith('/indices') for k in fx))]
     data = [(testutil.normalise(b['images'][ix], np.float64), b['labels'][ix].astype(np.int32))
             for ix in indices]
     with testutil.Float64Scope():
       self.alg = algorithms.build(name, lambda: testutil.resnet20_f64(self.state), CONFIG,
-                                  regularizer, **hparams)
+                                  regularizer, local_epochs=epochs, **hparams)
       self.runtime = tf_runtime.TfRuntime(
-          self.alg, algo_testing.make_client_dataset_fn(data, batch_size=BATCH))
+          self.alg, algo_testing.make_client_dataset_fn(data, batch_size=BATCH, epochs=epochs))
       self.server = self.runtime.initialize()
+    # Every client's state, sampled or not (MOON's previous local model).
     self.clients = [self.alg.initial_client_state(self.server['weights']) if self.alg.stateful
                     else base.NO_CLIENT_STATE for _ in data]
 
-  def round(self):
+  def round(self, sampled=None):
+    """One round of the clients `sampled` (default: all); the others' states stay."""
+    sampled = range(len(self.clients)) if sampled is None else sampled
     with testutil.Float64Scope():
-      self.server, self.clients, metrics = self.runtime.run_round(
-          self.server, [(str(i), 0) for i in range(len(self.clients))], self.clients)
+      self.server, states, metrics = self.runtime.run_round(
+          self.server, [(str(i), 0) for i in sampled], [self.clients[i] for i in sampled])
+    for i, st in zip(sampled, states):
+      self.clients[i] = st
     return metrics
 
   def torch_state(self, weights=None):
@@ -150,25 +156,39 @@ class _Run:
     return [v.numpy() for v in self.model.weights]
 
 
+def _log_worst(fixture, worst):
+  """The largest differences over a run's rounds, for the record (docs/algorithms.md's tables)."""
+  logging.info('%s: largest relative differences over %d rounds: %s', fixture, len(worst),
+               {k: f'{max(w[k] for w in worst):.1e}' for k in worst[0]})
+
+
 def _feddecorr():
   return regularizers.get('feddecorr', beta=0.1)
 
 
-class ReferenceTest(parameterized.TestCase):
+class _ReferenceBase(parameterized.TestCase):
+  """The comparisons with the reference's fixtures, shared by the test classes below."""
 
   def assert_state(self, got, fx, entry, trainable_only=False):
     """got: {project key: array}; fx[entry]: the reference's fingerprints. Running variances
-    loosely (module docstring), from `entry/stats` when the fixture has them."""
+    loosely (module docstring), from `entry/stats` when the fixture has them. Returns the largest
+    differences (weights, running means, running variances) for the record."""
+    worst = {'weights': 0.0, 'running_mean': 0.0, 'running_var': 0.0}
     for key, ref in zip(_keys(fx), fx[entry]):
       if 'running' in key and trainable_only:
         continue
       v = got[_project_key(key)]
-      if 'running_var' in key:
+      kind = key.split('.')[-1] if 'running' in key else 'weights'
+      if kind == 'running_var':
         if f'{entry}/stats' in fx:
-          self.assertLess(testutil.relative_difference(v, _stats(fx, f'{entry}/stats')[_project_key(key)]),
-                          VAR_TOL, f'{entry}: {key}')
+          d = testutil.relative_difference(v, _stats(fx, f'{entry}/stats')[_project_key(key)])
+          self.assertLess(d, VAR_TOL, f'{entry}: {key}')
+          worst[kind] = max(worst[kind], d)
         continue
-      self.assertLess(testutil.relative_difference(testutil.fingerprint(key, v), ref), TOL, f'{entry}: {key}')
+      d = testutil.relative_difference(testutil.fingerprint(key, v), ref)
+      self.assertLess(d, TOL, f'{entry}: {key}')
+      worst[kind] = max(worst[kind], d)
+    return worst
 
   def distance(self, got, fx, entry):
     """The largest relative difference of the project's trainable weights `got` from the
@@ -176,14 +196,65 @@ class ReferenceTest(parameterized.TestCase):
     return max(testutil.relative_difference(testutil.fingerprint(key, got[_project_key(key)]), fp)
                for key, fp in zip(_keys(fx), fx[entry]) if 'running' not in key)
 
+  def fedprox_rounds(self, fixture):
+    """The project's FedProx (mu 1) through the fixture's rounds and party list, each global model
+    against the reference's with its proximal term repaired. Returns the run."""
+    fx = _Fixture.load(fixture)
+    participation, epochs = testutil.reference_schedule(fx)
+    run = _Run('fedprox', fx, _feddecorr(), epochs=epochs, mu=1.0)
+    worst = []
+    for r, sampled in enumerate(participation, 1):
+      run.round(sampled)
+      worst.append(self.assert_state(run.torch_state(), fx, f'global{r}'))
+    _log_worst(fixture, worst)
+    return run
+
+  def moon_rounds(self, fixture, temperature, after_round=lambda r, run: None):
+    """The project's MOON (mu 1, `temperature`) through the fixture's rounds and party list: each
+    global model against the reference's, and the contrastive loss (`extra_sum`) against the
+    paper's formula on the similarities the reference computed. A client's previous local model
+    is its own last one (the initial global model until it first trains). `after_round(r, run)`
+    runs after the checks of round r."""
+    fx = _Fixture.load(fixture)
+    participation, epochs = testutil.reference_schedule(fx)
+    init = {k: fx[f'init/{k}'] for k in ('classifier.weight', 'classifier.bias')}
+    run = _Run('moon', fx, _feddecorr(), init=init, epochs=epochs, mu=1.0,
+               temperature=temperature)
+    worst = []
+    for r, sampled in enumerate(participation, 1):
+      metrics = run.round(sampled)
+      worst.append(self.assert_state(run.torch_state(), fx, f'global{r}'))
+      after_round(r, run)
+      # The paper's loss on the reference's similarities, in NumPy: for each example
+      # -log(e^{s_g/T} / (e^{s_g/T} + e^{s_p/T})), times mu = 1; `extra_sum` holds each step's
+      # batch mean times the batch size, so the sum over every example of every step.
+      expected = 0.0
+      for i in sampled:
+        sims = fx[f'round{r}/client{i}/sims'] / temperature  # [examples x epochs, 2]
+        expected += np.sum(np.logaddexp(sims[:, 0], sims[:, 1]) - sims[:, 0])
+      self.assertAlmostEqual(float(metrics['extra_sum']), expected, delta=1e-5 * expected)
+      if r == 1:  # Every previous model is the global one, z_prev = z_global: log 2 an example.
+        n = epochs * sum(len(fx[f'client{i}/indices']) for i in sampled)
+        self.assertAlmostEqual(float(metrics['extra_sum']), n * np.log(2),
+                               delta=1e-6 * n)  # metrics are float32
+      # The running variances the reference's eval-mode forwards use (module docstring): the
+      # global model's, and the previous local model's of each client that trained.
+      run.server = dict(run.server, weights=run.with_running_var(
+          run.server['weights'], _stats(fx, f'global{r}/stats')))
+      for i in sampled:
+        run.clients[i] = dict(run.clients[i], previous=run.with_running_var(
+            run.clients[i]['previous'], _stats(fx, f'round{r}/client{i}/stats')))
+    _log_worst(fixture, worst)
+
+
+class ReferenceTest(_ReferenceBase):
+
   def test_fedprox_round_equals_reference_with_proximal_term_repaired(self):
-    fixed, asis = _Fixture.load('fedprox_fixed'), _Fixture.load('fedprox_asis')
-    run = _Run('fedprox', fixed, _feddecorr(), mu=1.0)
-    run.round()
-    self.assert_state(run.torch_state(), fixed, 'global1')
+    run = self.fedprox_rounds('fedprox_fixed')
     # The term acts: the project's round is far from the unrepaired reference's, which is FedAvg's
     # (docs/reference.md §5): FedAvg in FedProx's place fails here.
-    self.assertGreater(self.distance(run.torch_state(), asis, 'global1'), 1e3 * TOL)
+    self.assertGreater(self.distance(run.torch_state(), _Fixture.load('fedprox_asis'), 'global1'),
+                       1e3 * TOL)
 
   @parameterized.named_parameters(('paper_temperature', 'moon_t0.5', 0.5),
                                   ('reference_as_is', 'moon_asis', 1.0))
@@ -191,12 +262,8 @@ class ReferenceTest(parameterized.TestCase):
     """T = 0.5 against the reference with the temperature applied as the paper (exp(sim / T));
     T = 1 against the unmodified reference (its missing temperature is then T = 1). Round 1's
     previous model is the initial global one, so round 2 is where the contrastive term acts."""
-    fx = _Fixture.load(run_name)
-    init = {k: fx[f'init/{k}'] for k in ('classifier.weight', 'classifier.bias')}
-    run = _Run('moon', fx, _feddecorr(), init=init, mu=1.0, temperature=temperature)
-    for r in (1, 2):
-      metrics = run.round()
-      self.assert_state(run.torch_state(), fx, f'global{r}')
+
+    def temperature_acts(r, run):
       if temperature != 1.0:  # The temperature acts, in round 2 only (round 1's previous model
         # is the global one: z_prev = z_global, the contrastive gradient is 0 at any T): the
         # project's round against the reference's at T = 1.
@@ -205,24 +272,8 @@ class ReferenceTest(parameterized.TestCase):
           self.assertLess(moved, TOL)
         else:
           self.assertGreater(moved, 1e3 * TOL)
-      # The paper's loss on the reference's similarities, in NumPy: for each example
-      # -log(e^{s_g/T} / (e^{s_g/T} + e^{s_p/T})), averaged over the batch, times mu = 1.
-      expected = 0.0
-      for i in range(len(CLIENT_SIZES)):
-        sims = fx[f'round{r}/client{i}/sims'] / temperature  # [examples, 2], steps in order
-        for step in np.split(sims, range(BATCH, len(sims), BATCH)):
-          l_con = np.logaddexp(step[:, 0], step[:, 1]) - step[:, 0]
-          expected += l_con.mean() * len(step)  # extra_sum: batch values times the batch size
-      self.assertAlmostEqual(float(metrics['extra_sum']), expected, delta=1e-5 * expected)
-      if r == 1:  # z_prev = z_global: each example's term is log 2.
-        self.assertAlmostEqual(float(metrics['extra_sum']), sum(CLIENT_SIZES) * np.log(2),
-                               delta=1e-6 * sum(CLIENT_SIZES))  # metrics are float32
-      # The running variances the reference's eval-mode forwards use (module docstring).
-      run.server = dict(run.server, weights=run.with_running_var(
-          run.server['weights'], _stats(fx, f'global{r}/stats')))
-      run.clients = [dict(c, previous=run.with_running_var(
-          c['previous'], _stats(fx, f'round{r}/client{i}/stats')))
-                     for i, c in enumerate(run.clients)]
+
+    self.moon_rounds(run_name, temperature, temperature_acts)
 
   def test_fednova_three_rounds_with_bn_statistics(self):
     fx = _Fixture.load('fednova')
@@ -257,7 +308,6 @@ class ReferenceTest(parameterized.TestCase):
         tol = VAR_TOL if key.endswith('running_var') else TOL
         self.assertLess(testutil.relative_difference(got[key], v), tol, f'round {r}: {key}')
       expected = {k: (got[k] if k.endswith('running_var') else v) for k, v in expected.items()}
-
 
 
 # SCAFFOLD and FedBN: a tiny model, x -> Dense(5) -> BatchNorm -> ReLU (representation) -> Dense(3),

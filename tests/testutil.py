@@ -194,6 +194,19 @@ def fingerprint(name: str, array):
   return np.array([a.sum(), (a * a).sum(), (a * r).sum()])
 
 
+def reference_schedule(fx):
+  """(party list: the clients sampled in each round, local epochs) of a fixture of
+  bench/reference_fixtures_algorithms.py: its `participation` where it has one (the partial
+  runs), else every client in every round."""
+  import json  # pylint: disable=g-import-not-at-top
+  settings = json.loads(str(fx['settings']))
+  if 'participation' in fx:
+    participation = json.loads(str(fx['participation']))
+  else:
+    participation = [list(range(len(settings['client_sizes'])))] * settings['rounds']
+  return participation, settings['epochs']
+
+
 def normalise(images_uint8, dtype):
   """ToTensor + Normalize as the reference computes them (float32: its CIFAR-10 mean and std,
   dataset_utils.get_dataloader, written out here), then cast."""
