@@ -56,8 +56,6 @@ DATA = os.path.join(os.path.dirname(os.path.realpath(__file__)), 'testdata', 're
 ALG_DATA = os.path.join(DATA, 'algorithms')
 CONFIG = client_update.ClientConfig(lr=0.01, momentum=0.9, weight_decay=1e-5)
 BATCH = 32
-CLIENT_SIZES = (97, 64, 30)
-P = np.array(CLIENT_SIZES, np.float64) / sum(CLIENT_SIZES)
 TOL = 1e-7
 VAR_TOL = 3e-2
 
@@ -157,9 +155,21 @@ class _Run(_Model):
     return metrics
 
 
+def _client_sets(fx):
+  """The fixture's clients: each one's image indices into batches.npz."""
+  return tuple(tuple(int(j) for j in fx[f'client{i}/indices'])
+               for i in range(sum(k.endswith('/indices') for k in fx)))
+
+
+def _weights(fx, sampled):
+  """p_i: the sampled clients' example weights (dataset sizes), normalised over them."""
+  n = np.array([len(fx[f'client{i}/indices']) for i in sampled], np.float64)
+  return n / n.sum()
+
+
 def _fedavg_round(fx):
   """{key: array}: the project's FedAvg round 1 on fixture fx's clients (cached per clients)."""
-  clients = tuple(tuple(int(j) for j in fx[f'client{i}/indices']) for i in range(3))
+  clients = _client_sets(fx)
   if ('fedavg round', clients) not in _CACHE:
     run = _Run('fedavg', fx)
     run.round()
@@ -187,24 +197,22 @@ class _Base(parameterized.TestCase):
       worst[kind] = max(worst[kind], d)
     return worst
 
-
-class ServerOptimiserTest(_Base):
-
-  @parameterized.named_parameters(*[(n, n) for n in SERVER_OPTIMISERS])
-  def test_server_rule_on_the_reference_statistics(self, name):
-    """The project's server_step on the reference's own BN statistics, 3 rounds, to 1e-12."""
-    fixture, hp, (first, second) = SERVER_OPTIMISERS[name]
+  def server_rule_on_the_reference_statistics(self, name, fixture):
+    """The project's server_step on the reference's own BN statistics (fixture `fixture`, its
+    rounds and party list), to 1e-12."""
+    _, hp, (first, second) = SERVER_OPTIMISERS[name]
     fx = _load(fixture)
+    participation, _ = testutil.reference_schedule(fx)
     m = _Model()
     with testutil.Float64Scope():
       alg = algorithms.build(name, lambda: testutil.resnet20_f64(m.state), CONFIG, None, **hp)
     state = alg.initial_server_state(m.from_torch(_stats(fx, 'global0/stats')))
     largest = 0.0
-    for r in (1, 2, 3):
-      # The start's trainable weights stay where they are (delta 0); the statistics: the clients'
-      # example-weighted mean of their own (the reference's averaged state).
-      clients = [_stats(fx, f'round{r}/client{i}/stats') for i in range(3)]
-      avg = {k: sum(p * c[k] for p, c in zip(P, clients)) for k in clients[0]}
+    for r, sampled in enumerate(participation, 1):
+      # The start's trainable weights stay where they are (delta 0); the statistics: the sampled
+      # clients' example-weighted mean of their own (the reference's averaged state).
+      clients = [_stats(fx, f'round{r}/client{i}/stats') for i in sampled]
+      avg = {k: sum(p * c[k] for p, c in zip(_weights(fx, sampled), clients)) for k in clients[0]}
       x = m.to_torch(state['weights'])
       self.assertLess(max(testutil.relative_difference(x[k], _stats(fx, f'global{r - 1}/stats')[k]) for k in avg), 1e-12)
       with testutil.Float64Scope():
@@ -223,27 +231,33 @@ class ServerOptimiserTest(_Base):
         for key, fp in zip(_keys(fx), fx[f'round{r}/{theirs}']):
           if key in want:
             self.assertLess(testutil.relative_difference(testutil.fingerprint(key, moments[key]), fp), 1e-10, f'{theirs} {key}')
-    logging.info('%s: statistics, largest relative difference over 3 rounds: %.1e', name, largest)
+    logging.info('%s (%s): statistics, largest relative difference: %.1e', name, fixture,
+                 largest)
 
-  @parameterized.named_parameters(*[(n, n) for n in SERVER_OPTIMISERS])
-  def test_three_rounds_from_the_reference_weights(self, name):
-    fixture, hp, (first, second) = SERVER_OPTIMISERS[name]
+  def three_rounds_from_the_reference_weights(self, name, fixture):
+    """The algorithm's server_step on FedAvg's clients (the fixture's rounds and party list) from
+    the reference's weights: averages, global models and server moments against the reference's."""
+    _, hp, (first, second) = SERVER_OPTIMISERS[name]
     fx = _load(fixture)
-    if 'fedavg' not in _CACHE:  # One FedAvg runtime trains the clients of all four.
-      _CACHE['fedavg'] = _Run('fedavg', fx)
-    clients = _CACHE['fedavg']
+    participation, epochs = testutil.reference_schedule(fx)
+    # One FedAvg runtime (per client set and local epochs) trains the clients of all four.
+    runtime_key = ('fedavg', _client_sets(fx), epochs)
+    if runtime_key not in _CACHE:
+      _CACHE[runtime_key] = _Run('fedavg', fx, epochs=epochs)
+    clients = _CACHE[runtime_key]
     with testutil.Float64Scope():
       alg = algorithms.build(name, lambda: testutil.resnet20_f64(clients.state), CONFIG, None, **hp)
     state = alg.initial_server_state(clients.from_torch({}))
     worst = []
-    for r in (1, 2, 3):
-      # The clients' round is a function of its start: trained once per start (round 1 for all
-      # four; round 2 for FedAdam and FedYogi, whose first steps coincide: v = 0.01 delta^2).
-      start = hashlib.sha256(b''.join(np.ascontiguousarray(w).tobytes()
-                                      for w in state['weights'])).hexdigest()
+    for r, sampled in enumerate(participation, 1):
+      # The clients' round is a function of its start and its clients: trained once per start
+      # (round 1 for all four; round 2 for FedAdam and FedYogi, whose first steps coincide:
+      # v = 0.01 delta^2).
+      start = (runtime_key, tuple(sampled), hashlib.sha256(b''.join(
+          np.ascontiguousarray(w).tobytes() for w in state['weights'])).hexdigest())
       if start not in _CACHE:
         clients.server = {'weights': state['weights']}
-        clients.round()
+        clients.round(sampled)
         _CACHE[start] = clients.server['weights']
       averaged = _CACHE[start]
       self.assert_state(clients.to_torch(averaged), fx, f'round{r}/averaged')
@@ -254,36 +268,17 @@ class ServerOptimiserTest(_Base):
       for ours, theirs in ((first, 'moment_first'), (second, 'moment_second')):
         if ours is not None:  # Running variances' moments: loosely, by their global values.
           self.assert_state(clients.to_torch(state[ours]), fx, f'round{r}/{theirs}')
-    logging.info('%s: largest relative differences over 3 rounds: %s', name,
-                 {k: f'{max(w[k] for w in worst):.1e}' for k in worst[0]})
+    logging.info('%s (%s): largest relative differences over %d rounds: %s', name, fixture,
+                 len(worst), {k: f'{max(w[k] for w in worst):.1e}' for k in worst[0]})
 
-
-class FedExpTest(_Base):
-  """FedExP, fixtures fedexp and fedexp_nocounters (label-skewed clients, 2 local epochs, 3
-  rounds, eps 1e-3).
-
-  The reference's eta_g takes both norms over the whole state_dict, BatchNorm's integer
-  num_batches_tracked counters (each client's delta there is its local step count, summed in
-  float32) and running statistics included; they dominate both sums and hold eta_g at its floor of
-  1 in all three rounds, where over the weights alone it would be about 1.3 and 1.6 in rounds 2
-  and 3. Keras BN has no counters; the project adds their terms by default (`step_counters`, as
-  the reference) from each client's step count. What is pinned:
-  - the project's default (bn='reference', step_counters) over 3 rounds: global models against
-    fedexp_nocounters (the same as fedexp's: the two fixtures' clients and globals agree); each
-    client's squared update norm key by key against the reference's per-key sums; the counters'
-    share of each client's norm exactly; the exact sums and the ratio before eta_g's floor
-    (`eta_raw`) against the reference's whole sums (counters included);
-  - eta_g and the update of the project's paper form (bn='average', step_counters=False)
-    server_step, applied each round to the same clients' updates (recorded from the run; the
-    clients' squared norms over the weights, which such a client would upload, summed here from
-    those updates), against eta_g formed from the reference's per-key sums over the weights only:
-    it exceeds 1 in rounds 2 and 3, so the extrapolation itself is compared (eta_g is float32 in
-    the project: to 1e-6).
-  """
-
-  def test_three_rounds(self):
-    fx, full = _load('fedexp_nocounters'), _load('fedexp')
-    run = _Run('fedexp', fx, epochs=2, eps=1e-3, bn='reference')
+  def fedexp_rounds(self, globals_fixture, sums_fixture):
+    """FedExP (FedExpTest's docstring says what is compared) through the fixtures' rounds and
+    party list: the global models against `globals_fixture`'s, the sums against `sums_fixture`'s
+    (its whole state_dict, BN step counters included). Returns (eta_g over the weights only,
+    eta_raw, the largest differences of each round)."""
+    fx, full = _load(globals_fixture), _load(sums_fixture)
+    participation, epochs = testutil.reference_schedule(full)
+    run = _Run('fedexp', fx, epochs=epochs, eps=1e-3, bn='reference')
     with testutil.Float64Scope():
       weights_only = algorithms.build('fedexp', lambda: testutil.resnet20_f64(run.state), CONFIG, None,
                                       eps=1e-3, bn='average', step_counters=False)
@@ -301,17 +296,17 @@ class FedExpTest(_Base):
     trainable = np.array([_trainable_key(k) for k in sqr_keys])
     counters = np.array([k.endswith('num_batches_tracked') for k in sqr_keys])
     etas, worst, raws = [], [], []
-    for r in (1, 2, 3):
+    for r, sampled in enumerate(participation, 1):
       x = run.server['weights']
       captured.clear()
-      run.round()
-      # The reference's step is 1 in every round (docs/reference.md §5: its counters), the
-      # project's default too.
-      self.assertEqual(float(run.server['eta_g']), 1.0)
+      run.round(sampled)
+      # The project's default step against the reference's (its floor of 1 in every round of the
+      # fixtures: docs/reference.md §5, its counters).
+      self.assertEqual(float(run.server['eta_g']), float(full[f'round{r}/eta_g']))
       worst.append(self.assert_state(run.to_torch(run.server['weights']), fx, f'global{r}'))
       # The reference's per-key sums (they add up to its whole sums, docs/reference.md §5).
-      per_client = np.stack([full[f'round{r}/client{i}/sqr_delta'] for i in range(3)])
-      per_key_mean = P @ per_client  # sum_i p_i ||Delta_i||^2, key by key
+      per_client = np.stack([full[f'round{r}/client{i}/sqr_delta'] for i in sampled])
+      per_key_mean = _weights(full, sampled) @ per_client  # sum_i p_i ||Delta_i||^2, key by key
       per_key_avg = full[f'round{r}/sqr_avg_delta_per_key']  # ||sum_i p_i Delta_i||^2
       # The project's clients, key by key, against the reference's (n_i Delta_i uploaded).
       deltas = [run.to_torch([u / n for u in update]) for update, _, n in captured]
@@ -358,13 +353,53 @@ class FedExpTest(_Base):
       for w, xi, a, t in zip(out['weights'], x, avg, weights_only.spec.trainable):
         np.testing.assert_allclose(w, xi + (np.float32(eta) if t else 1.0) * a, rtol=1e-12,
                                    atol=1e-14)
+    logging.info('fedexp (%s): eta_g over the weights only (bn=average): %s; the ratio before the '
+                 'floor with counters (the default): %s; largest relative '
+                 'differences: %s', sums_fixture, etas, raws,
+                 {k: f'{max(w[k] for w in worst):.1e}' for k in worst[0]})
+    return etas, raws, worst
+
+
+class ServerOptimiserTest(_Base):
+
+  @parameterized.named_parameters(*[(n, n) for n in SERVER_OPTIMISERS])
+  def test_server_rule_on_the_reference_statistics(self, name):
+    """The project's server_step on the reference's own BN statistics, 3 rounds, to 1e-12."""
+    self.server_rule_on_the_reference_statistics(name, SERVER_OPTIMISERS[name][0])
+
+  @parameterized.named_parameters(*[(n, n) for n in SERVER_OPTIMISERS])
+  def test_three_rounds_from_the_reference_weights(self, name):
+    self.three_rounds_from_the_reference_weights(name, SERVER_OPTIMISERS[name][0])
+
+
+class FedExpTest(_Base):
+  """FedExP, fixtures fedexp and fedexp_nocounters (label-skewed clients, 2 local epochs, 3
+  rounds, eps 1e-3).
+
+  The reference's eta_g takes both norms over the whole state_dict, BatchNorm's integer
+  num_batches_tracked counters (each client's delta there is its local step count, summed in
+  float32) and running statistics included; they dominate both sums and hold eta_g at its floor of
+  1 in all three rounds, where over the weights alone it would be about 1.3 and 1.6 in rounds 2
+  and 3. Keras BN has no counters; the project adds their terms by default (`step_counters`, as
+  the reference) from each client's step count. What is pinned:
+  - the project's default (bn='reference', step_counters) over 3 rounds: global models against
+    fedexp_nocounters (the same as fedexp's: the two fixtures' clients and globals agree); each
+    client's squared update norm key by key against the reference's per-key sums; the counters'
+    share of each client's norm exactly; the exact sums and the ratio before eta_g's floor
+    (`eta_raw`) against the reference's whole sums (counters included);
+  - eta_g and the update of the project's paper form (bn='average', step_counters=False)
+    server_step, applied each round to the same clients' updates (recorded from the run; the
+    clients' squared norms over the weights, which such a client would upload, summed here from
+    those updates), against eta_g formed from the reference's per-key sums over the weights only:
+    it exceeds 1 in rounds 2 and 3, so the extrapolation itself is compared (eta_g is float32 in
+    the project: to 1e-6).
+  """
+
+  def test_three_rounds(self):
+    etas, _, _ = self.fedexp_rounds('fedexp_nocounters', 'fedexp')
     # Rounds 2 and 3 extrapolate over the weights alone (the reference's counters prevent it).
     self.assertEqual(etas[0], 1.0)
     self.assertGreater(min(etas[1:]), 1.2)
-    logging.info('fedexp: eta_g over the weights only (bn=average): %s; the ratio before the '
-                 'floor with counters (the default): %s; largest relative '
-                 'differences over 3 rounds: %s', etas, raws,
-                 {k: f'{max(w[k] for w in worst):.1e}' for k in worst[0]})
 
 
 class ClientVariantTest(_Base):
