@@ -29,6 +29,12 @@ checks the float32 kernel, which is unbiased): it is compared loosely, and where
 computation (MOON evaluates the global and previous models in inference mode) the reference's
 values are put into the project's state between rounds.
 
+Partial participation (PartialParticipationTest): FedProx (repaired) and MOON (T = 0.5) with 3
+of 5 label-skewed clients a round, 2 local epochs, 3 rounds (fixtures <run>_partial); the other
+algorithms' such cases are in tests/reference_optimizers_test.py. FedNova has none: the
+reference's FedNova fails under partial participation (docs/reference.md §5), so there is nothing
+to compare with (the project's FedNova normalises over the sampled clients, docs/algorithms.md).
+
 SCAFFOLD and FedBN (absent from the reference): against NumPy written here from the papers'
 pseudo-code (Karimireddy et al. 2020, Algorithm 1 with option II; Li et al. 2021, Algorithm 1) on
 a tiny dense model with BatchNorm whose gradients are written out by hand, over three rounds.
@@ -308,6 +314,26 @@ class ReferenceTest(_ReferenceBase):
         tol = VAR_TOL if key.endswith('running_var') else TOL
         self.assertLess(testutil.relative_difference(got[key], v), tol, f'round {r}: {key}')
       expected = {k: (got[k] if k.endswith('running_var') else v) for k, v in expected.items()}
+
+
+class PartialParticipationTest(_ReferenceBase):
+  """FedProx and MOON with partial participation: 3 of 5 label-skewed clients sampled in each of
+  3 rounds (a different 3 each round), 2 local epochs, from the reference's weights; fixtures
+  <run>_partial (bench/reference/reference_fixtures_algorithms.py, PARTIAL_RUNS; FedDecorr 0.1 as
+  in their full-participation runs). A client's example weight is its dataset size, over the sampled
+  clients only. FedNova has no such case: the reference's FedNova fails under partial
+  participation (docs/reference.md §5); SCAFFOLD's is PaperTest's (3 of 4 clients)."""
+
+  def test_fedprox_three_rounds(self):
+    """Against the reference with its proximal term repaired (fixture fedprox_fixed_partial)."""
+    self.fedprox_rounds('fedprox_fixed_partial')
+
+  def test_moon_three_rounds(self):
+    """T = 0.5 against the reference with the temperature applied (fixture moon_t0.5_partial).
+    Clients 3 and 4 first train in round 2, from the initial global model as their previous
+    model; client 0's previous model in round 3 is its own of round 1."""
+    self.moon_rounds('moon_t0.5_partial', 0.5)
+
 
 
 # SCAFFOLD and FedBN: a tiny model, x -> Dense(5) -> BatchNorm -> ReLU (representation) -> Dense(3),

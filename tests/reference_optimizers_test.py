@@ -30,8 +30,11 @@ variance (PyTorch: unbiased), and its running mean carries Keras' float32 1 - mo
 - FedExP: see FedExpTest.
 - FedLC, FedRS, FedSAM (fixtures fedlogitcal, fedrs, fedsam): one round (the fixture's first of
   two) through the TF runtime, and far from the project's FedAvg round on the same clients.
-- Partial participation (fixtures <run>_partial): 3 of 5 clients a round, 2 local epochs, 3
-  rounds; see PartialParticipationTest.
+- Partial participation (fixtures <run>_partial): 3 of 5 label-skewed clients a round, 2 local
+  epochs, 3 rounds, for FedLC, FedRS, FedSAM, the four server optimisers (both checks above) and
+  FedExP (its default, the reference's step counters); see PartialParticipationTest. FedProx's
+  and MOON's are in tests/reference_algorithms_test.py; FedNova has none (the reference's FedNova
+  fails under partial participation, docs/reference.md §5).
 """
 
 import hashlib
@@ -432,10 +435,12 @@ class ClientVariantTest(_Base):
 class PartialParticipationTest(_Base):
   """Partial participation: 3 of 5 label-skewed clients sampled in each of 3 rounds (a different
   3 each round), 2 local epochs, from the reference's weights; fixtures <run>_partial
-  (bench/reference/reference_fixtures_algorithms.py, PARTIAL_RUNS). FedLC's class counts are of one
-  epoch (the dataset holds two: the project divides by local_epochs, the reference counts its
-  dataset's targets), and a client's example weight is its dataset size, over the sampled clients
-  only."""
+  (bench/reference/reference_fixtures_algorithms.py, PARTIAL_RUNS), for FedLC, FedRS, FedSAM,
+  FedAvgM, FedAdam, FedYogi, FedAdagrad and FedExP (FedProx and MOON:
+  tests/reference_algorithms_test.py; FedNova: none, the reference's fails under partial
+  participation). FedLC's class counts are of one epoch (the dataset holds two: the project
+  divides by local_epochs, the reference counts its dataset's targets), and a client's example
+  weight is its dataset size, over the sampled clients only."""
 
   @parameterized.named_parameters(('fedlc', 'fedlc', 'fedlogitcal_partial', dict(tau=0.1)),
                                   ('fedrs', 'fedrs', 'fedrs_partial', dict(alpha=0.5)),
@@ -453,6 +458,21 @@ class PartialParticipationTest(_Base):
       worst.append(self.assert_state(run.to_torch(run.server['weights']), fx, f'global{r}'))
     logging.info('%s (partial participation): largest relative differences over 3 rounds: %s',
                  name, {k: f'{max(w[k] for w in worst):.1e}' for k in worst[0]})
+
+  @parameterized.named_parameters(*[(n, n) for n in SERVER_OPTIMISERS])
+  def test_server_rule_on_the_reference_statistics(self, name):
+    """As ServerOptimiserTest's, on fedoptim_*_partial's statistics (the sampled clients' mean)."""
+    self.server_rule_on_the_reference_statistics(name, f'{SERVER_OPTIMISERS[name][0]}_partial')
+
+  @parameterized.named_parameters(*[(n, n) for n in SERVER_OPTIMISERS])
+  def test_server_optimiser_three_rounds(self, name):
+    """As ServerOptimiserTest's three rounds, fixtures fedoptim_*_partial."""
+    self.three_rounds_from_the_reference_weights(name, f'{SERVER_OPTIMISERS[name][0]}_partial')
+
+  def test_fedexp_three_rounds(self):
+    """As FedExpTest (the project's default, with the reference's step counters), fixture
+    fedexp_partial: p_i, both sums and eta_g over the sampled clients."""
+    self.fedexp_rounds('fedexp_partial', 'fedexp_partial')
 
 
 if __name__ == '__main__':

@@ -196,8 +196,8 @@ def fingerprint(name: str, array):
 
 def reference_schedule(fx):
   """(party list: the clients sampled in each round, local epochs) of a fixture of
-  bench/reference_fixtures_algorithms.py: its `participation` where it has one (the partial
-  runs), else every client in every round."""
+  bench/reference/reference_fixtures_algorithms.py: its `participation` where it has one (the
+  partial runs), else every client in every round."""
   import json  # pylint: disable=g-import-not-at-top
   settings = json.loads(str(fx['settings']))
   if 'participation' in fx:

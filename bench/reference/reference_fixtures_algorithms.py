@@ -102,12 +102,18 @@ The runs (name: approach, its arguments, rounds):
   `client{i}/indices` and `settings` give them).
 - `fedsam`: FedSAM, SAM rho 0.05 (`--rho` of the approach; the momentum is main.py's --rho 0.9),
   2 rounds.
-- `<run>_partial` (fedlogitcal_partial, and any of PARTIAL_RUNS made with --only): the run's
-  approach and arguments with partial participation: 5 label-skewed clients (the first 97, 64,
-  30, 48 and 40 images of batches.npz with labels in {0..5}, {3..7}, {7, 8, 9}, {0, 1, 8, 9},
-  {2, 4, 6}), 3 of them sampled in each of 3 rounds (PARTICIPATION: [0, 1, 2], [1, 3, 4],
-  [0, 2, 4], the reference's party_list_rounds, also stored as `participation`, JSON), 2 local
-  epochs. Only the sampled clients have `round{r}/client{i}` entries.
+- `<run>_partial` (PARTIAL_RUNS: fedprox_fixed, moon_t0.5, fedexp, fedlogitcal, fedrs, fedsam and
+  fedoptim_{gd,adam,yogi,adagrad}, all committed; not fednova, whose reference fails under partial
+  participation, docs/reference.md §5): the run's approach and arguments with partial participation:
+  5 label-skewed clients (the first 97, 64, 30, 48 and 40 images of batches.npz with labels in
+  {0..5}, {3..7}, {7, 8, 9}, {0, 1, 8, 9}, {2, 4, 6}), 3 of them sampled in each of 3 rounds
+  (PARTICIPATION: [0, 1, 2], [1, 3, 4], [0, 2, 4], the reference's party_list_rounds, also stored as
+  `participation`, JSON), 2 local epochs. Only the sampled clients have `round{r}/client{i}` entries
+  (fedexp's per-client sums too, and its `round{r}/sqr_avg_delta_per_key` is over them);
+  moon_t0.5_partial has no `round2/client0/z*` (client 0 sits out round 2). MOON's previous local
+  model is each party's own, kept by the reference between the rounds it takes part in. The runs are
+  independent (each starts from the same weights and seed), so they may be made in separate
+  processes.
 tests/reference_algorithms_test.py reads the FedProx, MOON and FedNova runs,
 tests/reference_optimizers_test.py the others.
 """
