@@ -29,11 +29,13 @@ checks the float32 kernel, which is unbiased): it is compared loosely, and where
 computation (MOON evaluates the global and previous models in inference mode) the reference's
 values are put into the project's state between rounds.
 
-Partial participation (PartialParticipationTest): FedProx (repaired) and MOON (T = 0.5) with 3
-of 5 label-skewed clients a round, 2 local epochs, 3 rounds (fixtures <run>_partial); the other
-algorithms' such cases are in tests/reference_optimizers_test.py. FedNova has none: the
-reference's FedNova fails under partial participation (docs/reference.md §5), so there is nothing
-to compare with (the project's FedNova normalises over the sampled clients, docs/algorithms.md).
+Partial participation (PartialParticipationTest): FedProx (repaired), MOON (T = 0.5) and FedNova
+with 3 of 5 label-skewed clients a round, 2 local epochs, 3 rounds, FedDecorr 0.1 (fixtures
+<run>_partial); the other algorithms' such cases are in tests/reference_optimizers_test.py
+(FedAvg's client rounds there: fedoptim_*_partial's `round{r}/averaged`). The reference's FedNova
+fails under partial participation (docs/reference.md §5: its tau_eff takes p_i by party id from a
+list over the round's parties);
+the fixture repairs that index from outside, as FedProx's.
 
 SCAFFOLD and FedBN (absent from the reference): against NumPy written here from the papers'
 pseudo-code (Karimireddy et al. 2020, Algorithm 1 with option II; Li et al. 2021, Algorithm 1) on
@@ -65,7 +67,6 @@ ALG_DATA = os.path.join(DATA, 'algorithms')
 # SGD, its batch size.
 CONFIG = client_update.ClientConfig(lr=0.01, momentum=0.9, weight_decay=1e-5)
 BATCH = 32
-CLIENT_SIZES = (97, 64, 30)
 BN_MOMENTUM = 0.9  # PyTorch's momentum 0.1: s <- 0.9 s + 0.1 batch statistic.
 TOL = 1e-7
 # Biased vs unbiased batch variance over N*H*W >= 64 values, in the batch part of the statistic.
@@ -162,6 +163,12 @@ class _Run:
     return [v.numpy() for v in self.model.weights]
 
 
+def _weights(fx, sampled):
+  """p_i: the sampled clients' example weights (dataset sizes), normalised over them."""
+  n = np.array([len(fx[f'client{i}/indices']) for i in sampled], np.float64)
+  return n / n.sum()
+
+
 def _log_worst(fixture, worst):
   """The largest differences over a run's rounds, for the record (docs/algorithms.md's tables)."""
   logging.info('%s: largest relative differences over %d rounds: %s', fixture, len(worst),
@@ -202,12 +209,12 @@ class _ReferenceBase(parameterized.TestCase):
     return max(testutil.relative_difference(testutil.fingerprint(key, got[_project_key(key)]), fp)
                for key, fp in zip(_keys(fx), fx[entry]) if 'running' not in key)
 
-  def fedprox_rounds(self, fixture):
-    """The project's FedProx (mu 1) through the fixture's rounds and party list, each global model
-    against the reference's with its proximal term repaired. Returns the run."""
+  def rounds(self, name, fixture, **hparams):
+    """The project's `name` (FedDecorr 0.1, `hparams`) through the fixture's rounds and party
+    list, each global model against the reference's. Returns the run."""
     fx = _Fixture.load(fixture)
     participation, epochs = testutil.reference_schedule(fx)
-    run = _Run('fedprox', fx, _feddecorr(), epochs=epochs, mu=1.0)
+    run = _Run(name, fx, _feddecorr(), epochs=epochs, **hparams)
     worst = []
     for r, sampled in enumerate(participation, 1):
       run.round(sampled)
@@ -252,11 +259,55 @@ class _ReferenceBase(parameterized.TestCase):
             run.clients[i]['previous'], _stats(fx, f'round{r}/client{i}/stats')))
     _log_worst(fixture, worst)
 
+  def fednova_rounds(self, fixture):
+    """The project's FedNova through the fixture's rounds and party list: the weights against the
+    reference's rule, a_i and tau_eff against the reference's, and the BN statistics against the
+    sampled clients' example-weighted mean derived from the reference's clients; the reference's
+    own rule for the statistics (an extrapolation) is checked on its numbers, for the record."""
+    fx = _Fixture.load(fixture)
+    participation, epochs = testutil.reference_schedule(fx)
+    run = _Run('fednova', fx, _feddecorr(), epochs=epochs)
+    expected = _stats(fx, 'global0/stats')  # the project's statistics, from the same start
+    worst = []
+    for r, sampled in enumerate(participation, 1):
+      run.round(sampled)
+      got = run.torch_state()
+      worst.append(self.assert_state(got, fx, f'global{r}', trainable_only=True))
+      p = _weights(fx, sampled)
+      steps = [int(fx[f'round{r}/client{i}/steps']) for i in sampled]
+      a = np.array([float(fx[f'round{r}/client{i}/a']) for i in sampled])
+      ours = client_update.effective_steps(tf.constant(steps), CONFIG.momentum, tf.float64)
+      np.testing.assert_allclose(ours.numpy(), a, rtol=1e-14)
+      self.assertAlmostEqual(float(fx[f'round{r}/tau_eff']), p @ a, delta=1e-12)
+      x_ref = _stats(fx, f'global{r - 1}/stats')
+      clients = [_stats(fx, f'round{r}/client{i}/stats') for i in sampled]
+      # The reference's own rule, for the record: its running statistics go through the
+      # normalised update x + tau_eff sum_i p_i (y_i - x) / a_i, whose coefficients sum to
+      # tau_eff * sum_i p_i / a_i > 1 when the a_i differ: an extrapolation past every client.
+      if len(set(steps)) > 1:
+        self.assertGreater(p @ a * (p @ (1 / a)), 1.0)
+      for key, x in x_ref.items():
+        extrapolated = x + (p @ a) * sum(pi * (c[key] - x) / ai for pi, c, ai in zip(p, clients, a))
+        np.testing.assert_allclose(_stats(fx, f'global{r}/stats')[key], extrapolated, rtol=1e-10,
+                                   atol=1e-14, err_msg=key)
+      # The project's rule on the same clients: each client's statistic is 0.9^k times its start
+      # plus what its batches added, which the start does not change (train-mode forwards use
+      # batch statistics), so from the project's start it is y_i + 0.9^k_i (ours - reference's).
+      expected = {key: sum(pi * (c[key] + BN_MOMENTUM**k * (expected[key] - x_ref[key]))
+                           for pi, c, k in zip(p, clients, steps)) for key in x_ref}
+      for key, v in expected.items():
+        kind = key.split('.')[-1]
+        d = testutil.relative_difference(got[key], v)
+        self.assertLess(d, VAR_TOL if kind == 'running_var' else TOL, f'round {r}: {key}')
+        worst[-1][kind] = max(worst[-1][kind], d)
+      expected = {k: (got[k] if k.endswith('running_var') else v) for k, v in expected.items()}
+    _log_worst(fixture, worst)
+
 
 class ReferenceTest(_ReferenceBase):
 
   def test_fedprox_round_equals_reference_with_proximal_term_repaired(self):
-    run = self.fedprox_rounds('fedprox_fixed')
+    run = self.rounds('fedprox', 'fedprox_fixed', mu=1.0)
     # The term acts: the project's round is far from the unrepaired reference's, which is FedAvg's
     # (docs/reference.md §5): FedAvg in FedProx's place fails here.
     self.assertGreater(self.distance(run.torch_state(), _Fixture.load('fedprox_asis'), 'global1'),
@@ -282,51 +333,19 @@ class ReferenceTest(_ReferenceBase):
     self.moon_rounds(run_name, temperature, temperature_acts)
 
   def test_fednova_three_rounds_with_bn_statistics(self):
-    fx = _Fixture.load('fednova')
-    p = np.array(CLIENT_SIZES, np.float64) / sum(CLIENT_SIZES)
-    run = _Run('fednova', fx, _feddecorr())
-    expected = _stats(fx, 'global0/stats')  # the project's statistics, from the same start
-    for r in (1, 2, 3):
-      run.round()
-      got = run.torch_state()
-      self.assert_state(got, fx, f'global{r}', trainable_only=True)
-      steps = [int(fx[f'round{r}/client{i}/steps']) for i in range(3)]
-      a = np.array([float(fx[f'round{r}/client{i}/a']) for i in range(3)])
-      ours = client_update.effective_steps(tf.constant(steps), CONFIG.momentum, tf.float64)
-      np.testing.assert_allclose(ours.numpy(), a, rtol=1e-14)
-      self.assertAlmostEqual(float(fx[f'round{r}/tau_eff']), p @ a, delta=1e-12)
-      x_ref = _stats(fx, f'global{r - 1}/stats')
-      clients = [_stats(fx, f'round{r}/client{i}/stats') for i in range(3)]
-      # The reference's own rule, for the record: its running statistics go through the
-      # normalised update x + tau_eff sum_i p_i (y_i - x) / a_i, whose coefficients sum to
-      # tau_eff * sum_i p_i / a_i > 1 when the a_i differ: an extrapolation past every client.
-      self.assertGreater(p @ a * (p @ (1 / a)), 1.0)
-      for key, x in x_ref.items():
-        extrapolated = x + (p @ a) * sum(pi * (c[key] - x) / ai for pi, c, ai in zip(p, clients, a))
-        np.testing.assert_allclose(_stats(fx, f'global{r}/stats')[key], extrapolated, rtol=1e-10,
-                                   atol=1e-14, err_msg=key)
-      # The project's rule on the same clients: each client's statistic is 0.9^k times its start
-      # plus what its batches added, which the start does not change (train-mode forwards use
-      # batch statistics), so from the project's start it is y_i + 0.9^k_i (ours - reference's).
-      expected = {key: sum(pi * (c[key] + BN_MOMENTUM**k * (expected[key] - x_ref[key]))
-                           for pi, c, k in zip(p, clients, steps)) for key in x_ref}
-      for key, v in expected.items():
-        tol = VAR_TOL if key.endswith('running_var') else TOL
-        self.assertLess(testutil.relative_difference(got[key], v), tol, f'round {r}: {key}')
-      expected = {k: (got[k] if k.endswith('running_var') else v) for k, v in expected.items()}
+    self.fednova_rounds('fednova')
 
 
 class PartialParticipationTest(_ReferenceBase):
-  """FedProx and MOON with partial participation: 3 of 5 label-skewed clients sampled in each of
-  3 rounds (a different 3 each round), 2 local epochs, from the reference's weights; fixtures
-  <run>_partial (bench/reference/reference_fixtures_algorithms.py, PARTIAL_RUNS; FedDecorr 0.1 as
-  in their full-participation runs). A client's example weight is its dataset size, over the sampled
-  clients only. FedNova has no such case: the reference's FedNova fails under partial
-  participation (docs/reference.md §5); SCAFFOLD's is PaperTest's (3 of 4 clients)."""
+  """FedProx, MOON and FedNova with partial participation: 3 of 5 label-skewed clients
+  sampled in each of 3 rounds (a different 3 each round), 2 local epochs, from the reference's
+  weights; fixtures <run>_partial (bench/reference/reference_fixtures_algorithms.py,
+  PARTIAL_RUNS; FedDecorr 0.1 as in their full-participation runs). A client's example weight is
+  its dataset size, over the sampled clients only. SCAFFOLD's is PaperTest's (3 of 4 clients)."""
 
   def test_fedprox_three_rounds(self):
     """Against the reference with its proximal term repaired (fixture fedprox_fixed_partial)."""
-    self.fedprox_rounds('fedprox_fixed_partial')
+    self.rounds('fedprox', 'fedprox_fixed_partial', mu=1.0)
 
   def test_moon_three_rounds(self):
     """T = 0.5 against the reference with the temperature applied (fixture moon_t0.5_partial).
@@ -334,6 +353,11 @@ class PartialParticipationTest(_ReferenceBase):
     model; client 0's previous model in round 3 is its own of round 1."""
     self.moon_rounds('moon_t0.5_partial', 0.5)
 
+  def test_fednova_three_rounds(self):
+    """Against the reference with its party index repaired (fixture fednova_fixed_partial: its
+    tau_eff took p_i by party id from a list over the round's parties). Round 2's clients take
+    the same number of steps (a_i equal), rounds 1 and 3's do not."""
+    self.fednova_rounds('fednova_fixed_partial')
 
 
 # SCAFFOLD and FedBN: a tiny model, x -> Dense(5) -> BatchNorm -> ReLU (representation) -> Dense(3),

@@ -32,9 +32,8 @@ variance (PyTorch: unbiased), and its running mean carries Keras' float32 1 - mo
   two) through the TF runtime, and far from the project's FedAvg round on the same clients.
 - Partial participation (fixtures <run>_partial): 3 of 5 label-skewed clients a round, 2 local
   epochs, 3 rounds, for FedLC, FedRS, FedSAM, the four server optimisers (both checks above) and
-  FedExP (its default, the reference's step counters); see PartialParticipationTest. FedProx's
-  and MOON's are in tests/reference_algorithms_test.py; FedNova has none (the reference's FedNova
-  fails under partial participation, docs/reference.md §5).
+  FedExP (its default, the reference's step counters); see PartialParticipationTest. FedProx's,
+  MOON's and FedNova's are in tests/reference_algorithms_test.py.
 """
 
 import hashlib
@@ -436,11 +435,11 @@ class PartialParticipationTest(_Base):
   """Partial participation: 3 of 5 label-skewed clients sampled in each of 3 rounds (a different
   3 each round), 2 local epochs, from the reference's weights; fixtures <run>_partial
   (bench/reference/reference_fixtures_algorithms.py, PARTIAL_RUNS), for FedLC, FedRS, FedSAM,
-  FedAvgM, FedAdam, FedYogi, FedAdagrad and FedExP (FedProx and MOON:
-  tests/reference_algorithms_test.py; FedNova: none, the reference's fails under partial
-  participation). FedLC's class counts are of one epoch (the dataset holds two: the project
-  divides by local_epochs, the reference counts its dataset's targets), and a client's example
-  weight is its dataset size, over the sampled clients only."""
+  FedAvgM, FedAdam, FedYogi, FedAdagrad and FedExP (FedProx, MOON and FedNova:
+  tests/reference_algorithms_test.py; FedAvg's round from each start is the `round{r}/averaged`
+  checked in the server optimisers' three rounds). FedLC's class counts are of one epoch (the
+  dataset holds two: the project divides by local_epochs, the reference counts its dataset's
+  targets), and a client's example weight is its dataset size, over the sampled clients only."""
 
   @parameterized.named_parameters(('fedlc', 'fedlc', 'fedlogitcal_partial', dict(tau=0.1)),
                                   ('fedrs', 'fedrs', 'fedrs_partial', dict(alpha=0.5)),

@@ -112,12 +112,12 @@ The runs (name: approach, its arguments, rounds):
   participation: 5 label-skewed clients (the first 97, 64, 30, 48 and 40 images of batches.npz
   with labels in {0..5}, {3..7}, {7, 8, 9}, {0, 1, 8, 9}, {2, 4, 6}), 3 of them sampled in each
   of 3 rounds (PARTICIPATION: [0, 1, 2], [1, 3, 4], [0, 2, 4], the reference's party_list_rounds,
-  also stored as `participation`, JSON), 2 local epochs. Only the sampled clients have `round{r}/client{i}` entries
-  (fedexp's per-client sums too, and its `round{r}/sqr_avg_delta_per_key` is over them);
-  moon_t0.5_partial has no `round2/client0/z*` (client 0 sits out round 2). MOON's previous local
-  model is each party's own, kept by the reference between the rounds it takes part in. The runs are
-  independent (each starts from the same weights and seed), so they may be made in separate
-  processes.
+  also stored as `participation`, JSON), 2 local epochs. Only the sampled clients have
+  `round{r}/client{i}` entries (fedexp's per-client sums too, and its
+  `round{r}/sqr_avg_delta_per_key` is over them); moon_t0.5_partial has no `round2/client0/z*`
+  (client 0 sits out round 2). MOON's previous local model is each party's own, kept by the
+  reference between the rounds it takes part in. The runs are independent (each starts from the
+  same weights and seed), so they may be made in separate processes.
 tests/reference_algorithms_test.py reads the FedAvg, FedProx, MOON and FedNova runs,
 tests/reference_optimizers_test.py the others.
 """
@@ -182,9 +182,10 @@ for _opt in ('gd', 'adam', 'yogi', 'adagrad'):
       server_optimizer=_opt, server_momentum=0.9, server_momentum_second=0.99,
       server_learning_rate=0.01, tau=1e-3), 3, False, None)
 # Runs made only with partial participation: FedAvg (FedDecorr 0.1, the paper's method; its
-# full-participation round is bench/reference_fixtures.py's), and FedNova with its party index
-# repaired ('nova_index': the reference's fails under partial participation, docs/reference.md §5;
-# with every client in every round the index is right, so `fednova` needs no repair).
+# full-participation round is bench/reference/reference_fixtures.py's), and FedNova with its party
+# index repaired ('nova_index': the reference's fails under partial participation,
+# docs/reference.md §5; with every client in every round the index is right, so `fednova` needs no
+# repair).
 PARTIAL_ONLY = {
     'fedavg': ('fedavg', 'FedAvg', {}, None, True, None),
     'fednova_fixed': ('fednova', 'FedNova', {}, None, True, 'nova_index'),
