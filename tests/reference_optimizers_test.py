@@ -181,17 +181,17 @@ def _fedavg_round(fx):
 
 class _Base(parameterized.TestCase):
 
-  def assert_state(self, got, fx, entry, tol=TOL):
-    """got: {key: array}; fx[entry]: the reference's fingerprints. Running variances loosely, from
-    `entry/stats` when the fixture has them (else skipped). Returns the largest differences
-    (weights, running means, running variances) for the record."""
+  def assert_state(self, got, fx, entry, tol=TOL, var_tol=VAR_TOL):
+    """got: {key: array}; fx[entry]: the reference's fingerprints. Running variances to var_tol
+    (loosely by default), from `entry/stats` when the fixture has them (else skipped). Returns the
+    largest differences (weights, running means, running variances) for the record."""
     worst = {'weights': 0.0, 'running_mean': 0.0, 'running_var': 0.0}
     for key, ref in zip(_keys(fx), fx[entry]):
       kind = key.split('.')[-1] if 'running' in key else 'weights'
       if kind == 'running_var':
         if f'{entry}/stats' in fx:
           d = testutil.relative_difference(got[key], _stats(fx, f'{entry}/stats')[key])
-          self.assertLess(d, VAR_TOL, f'{entry}: {key}')
+          self.assertLess(d, var_tol, f'{entry}: {key}')
           worst[kind] = max(worst[kind], d)
         continue
       d = testutil.relative_difference(testutil.fingerprint(key, got[key]), ref)
@@ -278,6 +278,11 @@ class _Base(parameterized.TestCase):
     party list: the global models against `globals_fixture`'s, the sums against `sums_fixture`'s
     (its whole state_dict, BN step counters included). Returns (eta_g over the weights only,
     eta_raw, the largest differences of each round)."""
+    # Keras' BN statistics as PyTorch's (FedExpTest's docstring says why).
+    with testutil.torch_batch_norm_statistics():
+      return self._fedexp_rounds(globals_fixture, sums_fixture)
+
+  def _fedexp_rounds(self, globals_fixture, sums_fixture):
     fx, full = _load(globals_fixture), _load(sums_fixture)
     participation, epochs = testutil.reference_schedule(full)
     run = _Run('fedexp', fx, epochs=epochs, eps=1e-3, bn='reference')
@@ -305,7 +310,8 @@ class _Base(parameterized.TestCase):
       # The project's default step against the reference's (its floor of 1 in every round of the
       # fixtures: docs/reference.md §5, its counters).
       self.assertEqual(float(run.server['eta_g']), float(full[f'round{r}/eta_g']))
-      worst.append(self.assert_state(run.to_torch(run.server['weights']), fx, f'global{r}'))
+      worst.append(self.assert_state(run.to_torch(run.server['weights']), fx, f'global{r}',
+                                     var_tol=TOL))
       # The reference's per-key sums (they add up to its whole sums, docs/reference.md §5).
       per_client = np.stack([full[f'round{r}/client{i}/sqr_delta'] for i in sampled])
       per_key_mean = _weights(full, sampled) @ per_client  # sum_i p_i ||Delta_i||^2, key by key
@@ -316,8 +322,7 @@ class _Base(parameterized.TestCase):
         for k, want in zip(sqr_keys, per_client[i]):
           if k.endswith('num_batches_tracked'):
             continue
-          tol = VAR_TOL if k.endswith('running_var') else 1e-6
-          self.assertLess(abs(np.sum(d[k]**2) - want), tol * max(want, 1e-12),
+          self.assertLess(abs(np.sum(d[k]**2) - want), 1e-6 * max(want, 1e-12),
                           f'round {r}, client {i}: {k}')
       # Its step counters (step_counters, the default): each client's local step count K_i in
       # every BN layer, as the reference's per-key sums hold them (exactly: small integers).
@@ -325,14 +330,13 @@ class _Base(parameterized.TestCase):
         k = float(exact['step_sum']) / float(n)
         self.assertEqual(per_client[i][counters].sum(), counters.sum() * k**2, f'client {i}')
       # Its exact sums over weights, statistics (bn='reference') and counters, and the ratio
-      # before eta_g's floor, against the reference's whole sums (loosely: the running
-      # variances' part).
+      # before eta_g's floor, against the reference's whole sums (float32 in the project).
       sq_norm = sum(float(exact['sq_norm']) for _, exact, _ in captured)
       examples = sum(float(exact['examples']) for _, exact, _ in captured)
       self.assertAlmostEqual(sq_norm / examples / full[f'round{r}/avg_sqr_delta'], 1.0,
-                             delta=5e-3)
+                             delta=1e-6)
       want_raw = full[f'round{r}/avg_sqr_delta'] / (2 * (full[f'round{r}/sqr_avg_delta'] + 1e-3))
-      self.assertAlmostEqual(float(run.server['eta_raw']) / want_raw, 1.0, delta=5e-3)
+      self.assertAlmostEqual(float(run.server['eta_raw']) / want_raw, 1.0, delta=1e-6)
       raws.append(float(run.server['eta_raw']))
       # The weights only: eta_g from the reference's per-key sums, and the project's bn='average'
       # server_step on these clients' updates.
@@ -395,6 +399,15 @@ class FedExpTest(_Base):
     those updates), against eta_g formed from the reference's per-key sums over the weights only:
     it exceeds 1 in rounds 2 and 3, so the extrapolation itself is compared (eta_g is float32 in
     the project: to 1e-6).
+  Keras' float64 BatchNorm updates its moving variance with the biased batch variance (PyTorch,
+  and Keras' float32 fused kernel: unbiased) and its moving averages with a float32 decay; these
+  rounds run with testutil.torch_batch_norm_statistics, which removes both, so that the running
+  statistics and everything computed from them are compared as closely as the weights. Without
+  it a client's squared update of a running variance is ill-conditioned: in fedexp_partial's
+  round 3, client 0 (97 images: a one-image last batch each epoch, whose 8x8 layer-3 variance
+  differs by the factor 64/63) differed by 3.4 % on `layer3.1.bn1.running_var`, whose delta is a
+  seventh of the statistic; with it every per-key sum, client statistic and global one agrees
+  with the reference's to 5e-14 (measured on all three rounds, scratch run, commit message).
   """
 
   def test_three_rounds(self):
