@@ -29,13 +29,13 @@ checks the float32 kernel, which is unbiased): it is compared loosely, and where
 computation (MOON evaluates the global and previous models in inference mode) the reference's
 values are put into the project's state between rounds.
 
-Partial participation (PartialParticipationTest): FedProx (repaired), MOON (T = 0.5) and FedNova
-with 3 of 5 label-skewed clients a round, 2 local epochs, 3 rounds, FedDecorr 0.1 (fixtures
-<run>_partial); the other algorithms' such cases are in tests/reference_optimizers_test.py
-(FedAvg's client rounds there: fedoptim_*_partial's `round{r}/averaged`). The reference's FedNova
-fails under partial participation (docs/reference.md §5: its tau_eff takes p_i by party id from a
-list over the round's parties);
-the fixture repairs that index from outside, as FedProx's.
+Partial participation (PartialParticipationTest): FedAvg, FedProx (repaired), MOON (T = 0.5) and
+FedNova with 3 of 5 label-skewed clients a round, 2 local epochs, 3 rounds, FedDecorr 0.1
+(fixtures <run>_partial); the other algorithms' such cases are in
+tests/reference_optimizers_test.py (FedAvg's client rounds without FedDecorr there:
+fedoptim_*_partial's `round{r}/averaged`). The reference's FedNova fails under partial
+participation (docs/reference.md §5: its tau_eff takes p_i by party id from a list over the
+round's parties); the fixture repairs that index from outside, as FedProx's.
 
 SCAFFOLD and FedBN (absent from the reference): against NumPy written here from the papers'
 pseudo-code (Karimireddy et al. 2020, Algorithm 1 with option II; Li et al. 2021, Algorithm 1) on
@@ -337,11 +337,16 @@ class ReferenceTest(_ReferenceBase):
 
 
 class PartialParticipationTest(_ReferenceBase):
-  """FedProx, MOON and FedNova with partial participation: 3 of 5 label-skewed clients
+  """FedAvg, FedProx, MOON and FedNova with partial participation: 3 of 5 label-skewed clients
   sampled in each of 3 rounds (a different 3 each round), 2 local epochs, from the reference's
   weights; fixtures <run>_partial (bench/reference/reference_fixtures_algorithms.py,
   PARTIAL_RUNS; FedDecorr 0.1 as in their full-participation runs). A client's example weight is
   its dataset size, over the sampled clients only. SCAFFOLD's is PaperTest's (3 of 4 clients)."""
+
+  def test_fedavg_three_rounds(self):
+    """FedAvg + FedDecorr 0.1 against the reference's FedAvg class (fixture fedavg_partial); its
+    full-participation round is tests/reference_equivalence_test.py's."""
+    self.rounds('fedavg', 'fedavg_partial')
 
   def test_fedprox_three_rounds(self):
     """Against the reference with its proximal term repaired (fixture fedprox_fixed_partial)."""
