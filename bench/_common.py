@@ -12,6 +12,7 @@ time does not, so CPU-time ratios are the steadier measure of the work a variant
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import platform
@@ -35,6 +36,55 @@ def cpu_seconds() -> float:
     except psutil.Error:
       pass
   return total
+
+
+def server_metric_means(run_dir: str) -> dict:
+  """The mean over rounds of each server/* column of a run's metrics.csv (FedExP's eta_g, the
+  server optimisers' update norm); {} when it has none."""
+  path = os.path.join(run_dir, 'metrics.csv')
+  if not os.path.exists(path):
+    return {}
+  with open(path, newline='') as f:
+    rows = list(csv.DictReader(f))
+  keys = [k for k in (rows[0] if rows else {}) if k.startswith('server/')]
+  return {k: statistics.mean(float(r[k]) for r in rows if r.get(k)) for k in keys}
+
+
+def train_final_accuracy(config) -> tuple:
+  """Trains `config` as bin/train does (resuming an interrupted run; a finished one is read back):
+  (its final test accuracy as a fraction, ''), or (0.0, why) when training stopped on a non-finite
+  value, so a diverged cell scores below every trained one and says so."""
+  from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
+  try:
+    summary = training.train(config, log=lambda s: None)
+  except round_loop.NonFiniteError as e:
+    return 0.0, f'non-finite: {str(e)[:200]}'
+  if summary is None:  # The directory holds a finished (or longer) run: what it finished.
+    with open(os.path.join(config.output_dir, 'summary.json')) as f:
+      summary = json.load(f)
+  return float(summary['final_test_accuracy']), ''
+
+
+def run_seeds(configs, label: str, after=lambda: None) -> dict:
+  """One cell of an accuracy grid: each config (one a seed) trained by train_final_accuracy, then
+  `after()` (e.g. stopping TFF workers). Its accuracies (fractions), mean and sample std,
+  non-finite count and notes, seconds, and each run's server_metric_means."""
+  accs, notes, seconds, server = [], [], [], []
+  for config in configs:
+    t0 = time.time()
+    acc, note = train_final_accuracy(config)
+    after()
+    seconds.append(time.time() - t0)
+    accs.append(acc)
+    notes.append(note)
+    server.append(server_metric_means(config.output_dir))
+    print(f'  {label} seed={config.seed}: {acc:.4f}{" (" + note + ")" if note else ""}  '
+          f'{seconds[-1]:.0f}s', flush=True)
+  return {'accuracy': accs, 'mean': statistics.mean(accs),
+          'std': statistics.stdev(accs) if len(accs) > 1 else 0.0,
+          'non_finite': sum(1 for n in notes if n), 'notes': notes, 'seconds': seconds,
+          'server_metric_means': server}
 
 
 def cache_dir() -> str:

@@ -64,8 +64,6 @@ _NOT_CLAIMS = [
     r'at its default 0\.05',  # the reference's SAM radius
     r"reference's argparse\s+defaults",  # part of "Defaults and their sources" (_CLAIMS)
     r'its argparse default is 1\.0',  # the reference's
-    r"at the reference's\s+defaults",  # a measurement's settings
-    r'It is the default because',  # the reason for the statement before it
     r'at their defaults\)',  # the aggregators'
     r"PyTorch's defaults",  # Keras and PyTorch
 ]

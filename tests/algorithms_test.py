@@ -252,9 +252,11 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
       ('fedavgm_reference_bn', 'fedavgm', dict(server_momentum=0.9, bn='reference')),
       ('fedavgm_tff_reference_bn', 'fedavgm',
        dict(server_momentum=0.9, form='tff', bn='reference')),
-      ('fedadam', 'fedadam', dict(server_lr=0.3)),
-      ('fedyogi', 'fedyogi', dict(server_lr=0.3)),
-      ('fedadagrad', 'fedadagrad', dict(server_lr=0.5)))
+      # The adaptive optimisers' default (bn='average') keeps the statistics out of the server
+      # rule; bn='reference' (the reference's form) sends them through it, as this test needs.
+      ('fedadam_reference_bn', 'fedadam', dict(server_lr=0.3, bn='reference')),
+      ('fedyogi_reference_bn', 'fedyogi', dict(server_lr=0.3, bn='reference')),
+      ('fedadagrad_reference_bn', 'fedadagrad', dict(server_lr=0.5, bn='reference')))
   def test_statistics_through_the_server_optimiser_never_make_a_variance_negative(
       self, name, hp):
     # The clients' averaged moving variance drops to 0.01 and stays there; every other weight is
@@ -377,17 +379,46 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
                           norm([a - b for a, b in zip(x, x_before)]), rtol=1e-4)
       self.assertAllClose(metrics['server/pseudo_gradient_norm'], norm(avg_delta), rtol=1e-4)
       assert_lists_close(self, state['weights'], x, atol=2e-5, rtol=1e-4)
+      # What is evaluated and exported by default: the paper's (x_t + x_{t-1}) / 2 of the
+      # trainable variables; the BN statistics are x_t's (as the authors' code).
+      assert_lists_close(self, alg.global_weights(state),
+                         [(a + b) / 2 if t else a for a, b, t in zip(x, x_before,
+                                                                     alg.spec.trainable)],
+                         atol=2e-5, rtol=1e-4)
       etas.append(float(state['eta_g']))
     if bn == 'reference' and not step_counters:  # It extrapolated: not FedAvg. (Here the BN
       self.assertGreater(max(etas), 1.05)  # statistics' deltas dominate the norms.)
     if step_counters:  # The counters swamp both norms: eta_g stays at 1 (the reference's FedAvg).
       self.assertEqual(etas, [1.0, 1.0, 1.0])
 
+  def test_fedexp_evaluating_the_last_iterate_trains_the_same_model(self):
+    # evaluate='last' (the reference's) evaluates x_t; the default evaluates (x_t + x_{t-1}) / 2.
+    # Either way the clients receive x_t, so the trajectories are the same.
+    algs = {e: algorithms.build('fedexp', testing.tiny_model, CFG, evaluate=e)
+            for e in ('last', 'average_last_two')}
+    states = {e: a.initial_server_state(self.x0) for e, a in algs.items()}
+    self.assertNotIn('previous_weights', states['last'])
+    for _ in range(2):
+      before = {e: [np.asarray(w) for w in s['weights']] for e, s in states.items()}
+      states = {e: run(a, states[e], ['0', '3'])[0] for e, a in algs.items()}
+      assert_lists_close(self, states['last']['weights'], states['average_last_two']['weights'],
+                         atol=1e-6, rtol=1e-6)
+      assert_lists_close(self, algs['last'].global_weights(states['last']),
+                         states['last']['weights'], atol=0, rtol=0)
+      assert_lists_close(self, states['average_last_two']['previous_weights'],
+                         before['average_last_two'], atol=0, rtol=0)
+    moved = max(np.abs(a - b).max() for a, b in zip(
+        algs['average_last_two'].global_weights(states['average_last_two']),
+        states['average_last_two']['weights']))
+    self.assertGreater(moved, 1e-4)  # The two evaluated models differ.
+
   def test_fedexp_clamps_an_extrapolated_variance(self):
     # Two clients whose variances straddle the server's: their squared norms are large, the
     # average's small, so eta_g is large and the averaged (lower) variance is extrapolated below
     # zero; the variance is clamped at 0 (NumPy).
-    alg = algorithms.build('fedexp', testing.tiny_model, CFG, step_counters=False)
+    # bn='reference' (the reference's form) scales the statistics by eta_g as well; the default,
+    # bn='average', takes the clients' average and cannot go below zero.
+    alg = algorithms.build('fedexp', testing.tiny_model, CFG, step_counters=False, bn='reference')
     var = alg.spec.names.index(next(n for n in alg.spec.names if 'moving_variance' in n))
     x = [w.astype(np.float32) for w in self.x0]
     d1 = [np.zeros_like(w) for w in x]
@@ -959,20 +990,22 @@ class ConvexTest(tf.test.TestCase, parameterized.TestCase):
 
 class ServerOptimisersTrainTest(_DigitsBase):
   """The new server algorithms train the embedded digits task at client momentum 0.9 (the task's
-  defaults: small_cnn, Dirichlet 0.5, 5 local epochs; its server_lr and BN rule for the adaptive
-  ones), with FedDecorr on, through the training program in the TF runtime: finite losses, a
+  defaults: small_cnn, Dirichlet 0.5, 5 local epochs; the algorithms' own settings), with
+  FedDecorr on, through the training program in the TF runtime: finite losses, a
   test accuracy well above chance (0.1) after ROUNDS rounds, final weights that differ from
   FedAvg's run of the same seed by more than NOT_FEDAVG, and the server state the paper
-  describes (below). Cheap: 4 clients, about 20 s each."""
+  describes (below). 8 rounds: at the measured server rates (fedadam and fedyogi 0.01,
+  docs/algorithms.md) 5 rounds left the loss at 0.55 of its first round's (1.67 -> 0.92). Cheap: 4 clients, about
+  30 s each."""
 
-  ROUNDS = 5
+  ROUNDS = 8
 
   @parameterized.parameters('fedadagrad', 'fedadam', 'fedyogi')
   def test_adaptive_optimiser_trains_on_digits_with_its_moments(self, name):
     state, alg = self.train(name, 0.3)
     # Reddi et al.: one first and one second moment per coordinate of every weight the optimiser
-    # steps. The digits task gives the statistics FedAvg's average (bn='average'): their moments
-    # stay 0; every trainable weight's are non-zero (v > 0 where the clients moved it).
+    # steps. The statistics get FedAvg's average (bn='average', the measured setting): their
+    # moments stay 0; every trainable weight's are non-zero (v > 0 where the clients moved it).
     self.assertEqual(alg.hparams.bn, 'average')
     self.assertLen(state['m'], len(state['weights']))
     self.assertLen(state['v'], len(state['weights']))

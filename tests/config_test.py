@@ -98,6 +98,19 @@ class ConfigTest(absltest.TestCase):
       differences = run_dir.differences(config.migrate_dict(written), other.to_dict())
       self.assertEqual(differences, ['hparams'])  # Only the fedavgm settings differ (bn).
 
+  def test_fedexp_config_json_from_before_its_evaluated_model_resumes_only_as_written(self):
+    # Written before --fedexp_evaluate existed: the last iterate was evaluated. The old command
+    # finds its run (same directory) and is refused under today's default, whose server state
+    # also holds x_{t-1}; --fedexp_evaluate=last resumes it.
+    (last,) = resolve(task='digits', algorithm='fedexp', regularizer='none', fedexp_evaluate='last')
+    written = last.to_dict()
+    self.assertEqual(written['hparams']['fedexp'].pop('evaluate'), 'last')
+    self.assertEqual(run_dir.differences(config.migrate_dict(written), last.to_dict()), [])
+    (new,) = resolve(task='digits', algorithm='fedexp', regularizer='none')
+    self.assertEqual(new.hparams['fedexp'].evaluate, 'average_last_two')
+    self.assertEqual(new.output_dir, last.output_dir)
+    self.assertEqual(run_dir.differences(config.migrate_dict(written), new.to_dict()), ['hparams'])
+
   def test_initialisation_defaults_to_the_models_reference_and_old_runs_are_not_mixed_in(self):
     (r20,) = resolve(task='cifar10', model='resnet20', regularizer='none')
     (mob,) = resolve(task='cifar10', regularizer='none')

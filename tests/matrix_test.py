@@ -42,9 +42,13 @@ ROUNDS = 3
 # epochs; fewer clients only save per-client overhead, every round still sees the whole train set).
 SMALLEST = dict(task='digits', num_clients=4, clients_per_round=4, rounds=ROUNDS, momentum=0.9,
                 seed=0, regularizer='feddecorr', eval_every=ROUNDS)
-# DP at a setting that can train with 4 clients: a fixed clip and little noise. What is tested is
-# that the combination computes the right thing, not privacy (docs/benchmarks.md §9).
-DP_SETTINGS = dict(dp_clip=1.0, dp_noise_multiplier=0.01)
+# DP at a setting that can train with 4 clients in ROUNDS rounds: a fixed clip and little noise.
+# What is tested is that the combination computes the right thing, not privacy (docs/benchmarks.md
+# §9). Measured for FedAvg on this setting (final test accuracy, TFF's DP noise is not seeded):
+# clip 1.0 / noise 0.01 clips the updates so hard that it stays near chance (0.097, 0.144, 0.189),
+# and so does a larger clip at that noise (clip 10: 0.100, 0.103, 0.175, 0.181, 0.192); clip 5 /
+# noise 0.001 trains (0.319, 0.397, 0.506).
+DP_SETTINGS = dict(dp_clip=5.0, dp_noise_multiplier=0.001)
 # Literal properties of TFF's factories behind the aggregators (checked against the registry in
 # test_refusals_follow_the_declared_capabilities): DP and secure sums are private; at their
 # default settings robust and compression clip and zero adaptively, DP clips, and secure sums

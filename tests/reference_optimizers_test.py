@@ -285,7 +285,7 @@ class _Base(parameterized.TestCase):
   def _fedexp_rounds(self, globals_fixture, sums_fixture):
     fx, full = _load(globals_fixture), _load(sums_fixture)
     participation, epochs = testutil.reference_schedule(full)
-    run = _Run('fedexp', fx, epochs=epochs, eps=1e-3, bn='reference')
+    run = _Run('fedexp', fx, epochs=epochs, eps=1e-3, bn='reference', step_counters=True)
     with testutil.Float64Scope():
       weights_only = algorithms.build('fedexp', lambda: testutil.resnet20_f64(run.state), CONFIG, None,
                                       eps=1e-3, bn='average', step_counters=False)
@@ -307,8 +307,8 @@ class _Base(parameterized.TestCase):
       x = run.server['weights']
       captured.clear()
       run.round(sampled)
-      # The project's default step against the reference's (its floor of 1 in every round of the
-      # fixtures: docs/reference.md §5, its counters).
+      # The project's reference form's step against the reference's (its floor of 1 in every
+      # round of the fixtures: docs/reference.md §5, its counters).
       self.assertEqual(float(run.server['eta_g']), float(full[f'round{r}/eta_g']))
       worst.append(self.assert_state(run.to_torch(run.server['weights']), fx, f'global{r}',
                                      var_tol=TOL))
@@ -324,7 +324,7 @@ class _Base(parameterized.TestCase):
             continue
           self.assertLess(abs(np.sum(d[k]**2) - want), 1e-6 * max(want, 1e-12),
                           f'round {r}, client {i}: {k}')
-      # Its step counters (step_counters, the default): each client's local step count K_i in
+      # Its step counters (step_counters=True): each client's local step count K_i in
       # every BN layer, as the reference's per-key sums hold them (exactly: small integers).
       for i, (_, exact, n) in enumerate(captured):
         k = float(exact['step_sum']) / float(n)
@@ -386,9 +386,10 @@ class FedExpTest(_Base):
   num_batches_tracked counters (each client's delta there is its local step count, summed in
   float32) and running statistics included; they dominate both sums and hold eta_g at its floor of
   1 in all three rounds, where over the weights alone it would be about 1.3 and 1.6 in rounds 2
-  and 3. Keras BN has no counters; the project adds their terms by default (`step_counters`, as
-  the reference) from each client's step count. What is pinned:
-  - the project's default (bn='reference', step_counters) over 3 rounds: global models against
+  and 3. Keras BN has no counters; the project adds their terms with `step_counters=True` (the
+  reference's form; the default is the paper's norms) from each client's step count. What is
+  pinned:
+  - the reference's form (bn='reference', step_counters) over 3 rounds: global models against
     fedexp_nocounters (the same as fedexp's: the two fixtures' clients and globals agree); each
     client's squared update norm key by key against the reference's per-key sums; the counters'
     share of each client's norm exactly; the exact sums and the ratio before eta_g's floor

@@ -154,6 +154,32 @@ class ArchiveTest(absltest.TestCase):
         else:
           self.assertTrue(cell.startswith('not reached'), cell)
 
+  def test_archiving_again_keeps_what_the_running_sitting_recorded(self):
+    from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
+    path = os.path.join(self.archive, 'study.json')
+    with open(path) as f:
+      before = {c['name']: c for c in json.load(f)['cells']}
+    seed0 = sorted(os.listdir(os.path.join(self.study_dirs[0], 'runs')))
+    for name in seed0:
+      self.assertEqual(before[name]['exit_code'], 0)
+      self.assertGreater(before[name]['wall_time_s'], 0)
+    # The study's manifest as a later sitting may leave it (the runs finished earlier, so it
+    # recorded no exit code or wall time for them); archiving the same runs again keeps the
+    # archive's.
+    manifest_path = os.path.join(self.study_dirs[0], 'study.json')
+    with open(manifest_path) as f:
+      manifest = json.load(f)
+    for cell in manifest['cells']:
+      cell.pop('exit_code', None)
+      cell.pop('wall_time_s', None)
+    with open(manifest_path, 'w') as f:
+      json.dump(manifest, f)
+    self.assertEqual(sorted(report.archive(self.study_dirs[0], self.archive, log=lambda _: None)),
+                     seed0)
+    with open(path) as f:
+      after = {c['name']: c for c in json.load(f)['cells']}
+    self.assertEqual(after, before)
+
   def test_bad_threshold_is_one_line(self):
     proc = testutil.run_module('bin.report', f'--study_dir={self.archive}', '--thresholds=120')
     self.assertEqual(proc.returncode, 2, proc.stderr)

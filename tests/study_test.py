@@ -219,6 +219,14 @@ class StudyCliTest(absltest.TestCase):
       self.assertEqual(str(summary['config']['seed']), cell['flags']['seed'])
       self.assertTrue(os.path.isdir(os.path.join(run, 'export', 'saved_model')))
       self.assertTrue(os.path.exists(os.path.join(self.study_dir, cell['log'])))
+    # The run finished before the kill was skipped by the later sitting(s): the exit code and wall
+    # time that the first sitting recorded stay.
+    first = next(c for c in self.manifest_after_kill['cells'] if c['name'] == self.first_name)
+    now = next(c for c in manifest['cells'] if c['name'] == self.first_name)
+    self.assertEqual(first['exit_code'], 0)
+    self.assertGreater(first['wall_time_s'], 0)
+    self.assertEqual((now['exit_code'], now['wall_time_s']),
+                     (first['exit_code'], first['wall_time_s']))
 
   def test_finished_study_runs_nothing(self):
     before = _mtimes(os.path.join(self.study_dir, 'runs'))

@@ -50,13 +50,11 @@ cell. Writes bench/results/server_defaults.json (--smoke: server_defaults_smoke.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import itertools
 import json
 import os
 import shlex
-import statistics
 import sys
 import time
 from typing import Any, Dict, List, Sequence, Tuple
@@ -253,44 +251,12 @@ def make_config(name: str, settings: Dict[str, Any], seed: int, rounds: int, out
       cache_dir=os.path.join(output_dir, 'cache'))
 
 
-def _server_means(run_dir: str) -> Dict[str, float]:
-  """The mean over rounds of each server/* column of the run's metrics.csv."""
-  path = os.path.join(run_dir, 'metrics.csv')
-  if not os.path.exists(path):
-    return {}
-  with open(path) as f:
-    rows = list(csv.DictReader(f))
-  keys = [k for k in (rows[0] if rows else {}) if k.startswith('server/')]
-  return {k: statistics.mean(float(r[k]) for r in rows if r.get(k)) for k in keys}
-
-
 def run_cell(name: str, settings: Dict[str, Any], seeds: Sequence[int], rounds: int,
              output_dir: str) -> Dict[str, Any]:
   """Trains the cell once a seed (finished runs are read back); its results."""
-  from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
-  accs, notes, seconds, server = [], [], [], []
-  for seed in seeds:
-    config = make_config(name, settings, seed, rounds, output_dir)
-    t0 = time.time()
-    try:
-      summary = training.train(config, log=lambda s: None)
-      if summary is None:  # The directory holds a longer run: its summary is what it finished.
-        with open(os.path.join(config.output_dir, 'summary.json')) as f:
-          summary = json.load(f)
-      acc, note = float(summary['final_test_accuracy']), ''
-    except round_loop.NonFiniteError as e:
-      acc, note = 0.0, f'non-finite: {str(e)[:200]}'
-    seconds.append(time.time() - t0)
-    accs.append(acc)
-    notes.append(note)
-    server.append(_server_means(config.output_dir))
-    print(f'  {cell_key(name, settings)} seed={seed}: {acc:.4f}'
-          f'{" (" + note + ")" if note else ""}  {seconds[-1]:.0f}s', flush=True)
-  return {'algorithm': name, 'settings': settings, 'seeds': list(seeds), 'accuracy': accs,
-          'mean': statistics.mean(accs), 'std': statistics.stdev(accs) if len(accs) > 1 else 0.0,
-          'non_finite': sum(1 for n in notes if n), 'notes': notes, 'seconds': seconds,
-          'server_metric_means': server}
+  configs = [make_config(name, settings, seed, rounds, output_dir) for seed in seeds]
+  return {'algorithm': name, 'settings': settings, 'seeds': list(seeds),
+          **_common.run_seeds(configs, cell_key(name, settings))}
 
 
 def measure(name: str, entry: Dict[str, Any], settings: Dict[str, Any], stage: int,

@@ -158,8 +158,11 @@ ALGORITHMS = {
                        'the reference also steps num_batches_tracked; the project clamps '
                        'moving variances at 0'),
     # cifar10_fedexp.sh --eps=1e-3 (also the default).
+    # The reference evaluates the last iterate (the project's default, the paper's, averages the
+    # last two).
     'fedexp': Mapping('fedexp', ('--eps=0.001',), {'fedexp_eps': 0.001, 'fedexp_bn': 'reference',
-                                                   'fedexp_step_counters': True},
+                                                   'fedexp_step_counters': True,
+                                                   'fedexp_evaluate': 'last'},
                       True, 'both sides\' eta_g include BN\'s num_batches_tracked (the project '
                       'adds their terms, Keras has no such counter), which holds it near 1'),
     # cifar10_fedlogitcal.sh --calibration_temp=0.1 (also the default).

@@ -15,22 +15,27 @@ recomputed every round). Each round reports them as `server/eta_g` and `server/e
 `server/update_norm` and `server/pseudo_gradient_norm` (metrics.csv, TensorBoard).
 
 BN moving statistics, `bn`:
-- 'reference' (the default): as the reference, they are part of Delta_i in the norms and are
-  extrapolated by eta_g like every weight; since eta_g >= 1 can push a moving variance below zero,
-  variances are clamped at 0 afterwards (base.nonnegative_variances; the reference has no guard).
-- 'average': they are left out of the norms and get FedAvg's average (eta 1).
+- 'average' (the default: the paper's norms are over the weights): they are left out of the norms
+  and get FedAvg's average (eta 1).
+- 'reference': as the reference, they are part of Delta_i in the norms and are extrapolated by
+  eta_g like every weight; since eta_g >= 1 can push a moving variance below zero, variances are
+  clamped at 0 afterwards (base.nonnegative_variances; the reference has no guard).
 PyTorch's num_batches_tracked counters, `step_counters`: the reference's norms run over the whole
 state_dict, so they include each BN layer's integer step counter, whose delta is the client's local
 step count K_i. With L BN layers that adds L K_i^2 to ||Delta_i||^2 and L (sum_i p_i K_i)^2 to
 ||avg||^2; it swamps the weights' terms and makes eta_g about max(1, E_p[K^2] / (2 E_p[K]^2)), i.e.
 FedAvg's step unless the clients' step counts vary widely. Keras BN has no such counter.
-- True (the default, as the reference, which the project follows where it and the paper differ;
-  with it the project's FedExP ends within one std of the reference's, docs/benchmarks.md §6): the
-  counters' terms are added to both norms, from each client's own step count (uploaded exactly
-  beside its norm). A model without BN layers has none, as in the reference.
-- False: the paper's norms, over the weights (and the statistics, by `bn`) only.
-Evaluation uses the last iterate, as the reference; the paper reports the average of the last two
-iterates (x_t + x_{t-1}) / 2, which the reference does not do.
+- False (the default): the paper's norms, over the weights (and the statistics, by `bn`) only.
+- True (the reference's form; with it the project's FedExP ends within one std of the reference's,
+  docs/benchmarks.md §6): the counters' terms are added to both norms, from each client's own step
+  count (uploaded exactly beside its norm). A model without BN layers has none, as in the reference.
+(Both defaults were chosen by measurement: docs/algorithms.md, "Settings chosen by measurement".)
+The evaluated (and exported) global model, `evaluate`:
+- 'average_last_two': the paper's, (x_t + x_{t-1}) / 2, because FedExP's iterates oscillate; as
+  the authors' code (Divyansh03/FedExP, main.py) averages the parameters, the trainable variables
+  are averaged and the BN statistics are x_t's. The server state then keeps x_{t-1} beside x_t.
+  Training is unchanged: clients always receive x_t.
+- 'last': x_t, as the reference evaluates.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from tff_decorr import hparams
 from tff_decorr.algorithms import base
 
 BN_RULES = ('reference', 'average')
+EVALUATED = ('average_last_two', 'last')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,13 +59,20 @@ class FedExpHParams(hparams.HParams):
   eps: float = hparams.field(1e-3, 'epsilon in eta_g = max(1, avg ||Delta_i||^2 / (2 (||avg '
                              'Delta||^2 + eps))) (the reference and the paper: 1e-3).',
                              minimum=0.0, min_exclusive=True)
-  bn: str = hparams.field('reference', 'BN moving statistics: reference = in the norms and '
-                          'extrapolated by eta_g (variances clamped at 0); average = left out of '
-                          'the norms and averaged.', choices=BN_RULES)
+  bn: str = hparams.field('average', 'BN moving statistics: average = left out of the norms and '
+                          'averaged (the default: the paper\'s norms are over the weights); '
+                          'reference = in the norms and extrapolated by eta_g, as the reference '
+                          '(variances clamped at 0).', choices=BN_RULES)
   step_counters: bool = hparams.field(
-      True, 'as the reference, add PyTorch BatchNorm\'s num_batches_tracked counters to both '
-      'norms (each client\'s local step count K_i in every BN layer), which holds eta_g near 1 '
-      '(FedAvg\'s step) unless step counts vary widely; false = the paper\'s norms.')
+      False, 'true = as the reference, add PyTorch BatchNorm\'s num_batches_tracked counters to '
+      'both norms (each client\'s local step count K_i in every BN layer), which holds eta_g near '
+      '1 (FedAvg\'s step) unless step counts vary widely; false (the default) = the paper\'s '
+      'norms.')
+  evaluate: str = hparams.field(
+      'average_last_two', 'The global model evaluated and exported: average_last_two = the '
+      'paper\'s (x_t + x_{t-1}) / 2 of the trainable variables (BN statistics: x_t\'s), as '
+      'FedExP\'s iterates oscillate (the default); last = x_t, as the reference. Training is the '
+      'same either way.', choices=EVALUATED)
 
 
 class FedExp(base.Algorithm):
@@ -85,9 +98,25 @@ class FedExp(base.Algorithm):
   def _in_norm(self):
     return [t or self.hparams.bn == 'reference' for t in self.spec.trainable]
 
+  def _keeps_previous(self) -> bool:
+    return self.hparams.evaluate == 'average_last_two'
+
   def initial_server_state(self, weights):
-    return {'weights': [np.asarray(w) for w in weights], 'eta_g': np.float32(1.0),
-            'eta_raw': np.float32(1.0)}
+    state = {'weights': [np.asarray(w) for w in weights], 'eta_g': np.float32(1.0),
+             'eta_raw': np.float32(1.0)}
+    if self._keeps_previous():  # x_{t-1}; before the first round, x_0 itself.
+      state['previous_weights'] = [np.array(w) for w in weights]
+    return state
+
+  def global_weights(self, server_state) -> list:
+    if not self._keeps_previous():
+      return list(server_state['weights'])
+    # The mean of two float32 values in float64, rounded once to the variable's dtype; the
+    # statistics (not trainable) are the last iterate's.
+    mean = lambda p, w: ((np.asarray(p, np.float64) + np.asarray(w, np.float64)) / 2).astype(
+        np.asarray(w).dtype)
+    return [mean(p, w) if trainable else np.asarray(w) for p, w, trainable in zip(
+        server_state['previous_weights'], server_state['weights'], self.spec.trainable)]
 
   def _client_step(self, ws, broadcast, dataset, client_state):
     res = self._train(ws, broadcast['weights'], dataset)
@@ -114,8 +143,11 @@ class FedExp(base.Algorithm):
     eta = tf.maximum(1.0, raw)
     new_x = [w + tf.cast(eta if used else 1.0, w.dtype) * a
              for w, a, used in zip(x, avg, self._in_norm())]
-    return {'weights': base.nonnegative_variances(self.spec, new_x), 'eta_g': eta,
-            'eta_raw': raw}
+    state = {'weights': base.nonnegative_variances(self.spec, new_x), 'eta_g': eta,
+             'eta_raw': raw}
+    if self._keeps_previous():
+      state['previous_weights'] = x
+    return state
 
   def server_metrics(self, server_state, contribution, weight, new_state):
     """server/eta_g, server/eta_raw (the paper's figure), and base.step_norms: |x_new - x| and

@@ -153,12 +153,14 @@ KINDS = ('algorithm', 'regularizer', 'partition', 'aggregator')
 _LATER_KINDS = {'aggregator': 'mean'}
 # Component settings added after runs were first written, with the value those runs used: a
 # config.json without one means that value, and at that value it stays out of directory names.
-_LATER_FIELDS = {'fedavgm.bn': 'ema'}
+_LATER_FIELDS = {'fedavgm.bn': 'ema', 'fedexp.evaluate': 'last'}
 # Values of a component setting that stay out of directory names: the value runs had before the
-# setting existed, and a default changed later (fedavgm.bn: 'ema' before 4f05243, 'average' since).
+# setting existed, and a default changed later (fedavgm.bn: 'ema' before 4f05243, 'average' since;
+# fedexp.evaluate: the last iterate before the setting existed, the average of the last two since).
 # An old command then finds its old run, and config comparison refuses to resume it under the new
 # default with a message naming the setting (as for `init`); --fedavgm_bn=ema resumes it.
-_NAME_NEUTRAL_VALUES = {'fedavgm.bn': ('ema', 'average')}
+_NAME_NEUTRAL_VALUES = {'fedavgm.bn': ('ema', 'average'),
+                        'fedexp.evaluate': ('last', 'average_last_two')}
 
 
 def component_flag_specs():

@@ -771,9 +771,12 @@ def archive(study_dir: str, archive_dir: str, data_dir: Optional[str] = None,
                              'global': {str(r): v.tolist() for r, v in measures['global'].items()},
                              'local': [dict(i, sv=i['sv'].tolist()) for i in measures['local']]})
     # Paths relative to the archive; the command and log of the machine that ran it are dropped.
-    cells[run.name] = {**{k: v for k, v in cell.items() if k not in ('command', 'log', 'pid')},
-                       'run_dir': os.path.join(study.RUNS, run.name),
-                       'log': os.path.join(study.LOGS, f'{run.name}.log'), 'status': 'done'}
+    entry = {**{k: v for k, v in cell.items() if k not in ('command', 'log', 'pid')},
+             'run_dir': os.path.join(study.RUNS, run.name),
+             'log': os.path.join(study.LOGS, f'{run.name}.log'), 'status': 'done'}
+    # The same finished run archived again from a later sitting, whose manifest may lack what the
+    # sitting that ran it recorded (exit code, wall time): keep the archive's.
+    cells[run.name] = {**cells[run.name], **entry} if same and run.name in cells else entry
     archived.append(run.name)
     log(f'archived {run.name} -> {dest}')
   # The axes are the flags whose values differ between the archive's cells (one study's grid may

@@ -438,9 +438,15 @@ class Runner:
     os.makedirs(os.path.join(self.study_dir, RUNS), exist_ok=True)
     os.makedirs(os.path.join(self.study_dir, LOGS), exist_ok=True)
     todo = []
+    # A finished run is skipped, so this sitting measures nothing of it: keep the exit code and
+    # wall time that the sitting which finished it recorded.
+    before = {c.get('name'): c for c in (read_json(os.path.join(self.study_dir, MANIFEST)) or {})
+              .get('cells', []) if isinstance(c, dict) and c.get('status') == DONE}
     for c in self.plan.cells:
       if is_done(c.run_dir(self.study_dir), c.rounds):
-        self.status[c.name] = {'status': DONE}
+        kept = {k: before[c.name][k] for k in ('exit_code', 'wall_time_s')
+                if k in before.get(c.name, {})}
+        self.status[c.name] = {'status': DONE, **kept}
       else:
         self.status[c.name] = {'status': PENDING}
         todo.append(c)

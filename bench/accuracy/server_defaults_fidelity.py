@@ -1,0 +1,160 @@
+r"""The server-side baselines' defaults, confirmed at the fidelity setting.
+
+bench.accuracy.server_defaults chooses each algorithm's default on digits (a small CNN, 12 rounds,
+3 seeds). This runs what a user gets from those defaults at the fidelity setting (bench/settings.py
+FIDELITY: ResNet20 on the shared CIFAR-10, Dirichlet 0.05 over 10 clients all taking part, 10
+rounds x 1 local epoch), over seeds 0, 1, 2, with FedAvg beside them in the same invocation. Nothing
+of an algorithm is set here: each run takes the task's and the code's defaults, as bin/train would,
+and the JSON records the settings they resolved to. The bar (docs/algorithms.md): each trains above
+FedAvg's mean minus 3 points.
+
+  .venv/bin/python -m bench.accuracy.server_defaults_fidelity
+  .venv/bin/python -m bench.accuracy.server_defaults_fidelity --algorithms=fedavg,fedexp --seeds=0
+  .venv/bin/python -m bench.accuracy.server_defaults_fidelity --set=fedexp_step_counters=true
+
+`--set` runs another form instead of the defaults (any bin/train component flag, e.g. the
+reference's: `--set=fedadam_bn=reference,fedadam_server_lr=0.01`); its cells are keyed by what they
+resolved to, so they never mix with the defaults' cells. Finished runs are reused (bin/train
+resumes), so an interrupted invocation continues. Merges its cells into
+bench/results/server_defaults_fidelity.json (one cell an algorithm and resolved form).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import sys
+import time
+from typing import Any, Dict, Sequence
+
+from absl import app
+from absl import flags
+
+import tensorflow as tf  # pylint: disable=unused-import  (before absl.app.run)
+
+from bench import _common
+from bench import settings as bench_settings
+
+FLAGS = flags.FLAGS
+
+ALGORITHMS = ('fedavg', 'fedadam', 'fedyogi', 'fedadagrad', 'fedexp')
+
+flags.DEFINE_list('algorithms', list(ALGORITHMS), 'Algorithms (fedavg: the baseline).')
+flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds.')
+flags.DEFINE_integer('rounds', bench_settings.FIDELITY['rounds'], 'Rounds a run.')
+flags.DEFINE_list('set', [], 'Component settings by flag name (name=value) given to every run '
+                  'of an algorithm they belong to, instead of its defaults.')
+flags.DEFINE_enum('runtime', 'tf', ['tf', 'tff'], 'Runtime (bench.accuracy.server_defaults\'s).')
+flags.DEFINE_string('data_dir', _common.DEFAULT_DATA_DIR, 'TFDS data dir holding cifar10.')
+flags.DEFINE_string('output_dir', '/tmp/tff_decorr_server_defaults_fidelity', 'Where the runs go.')
+flags.DEFINE_string('output', os.path.join(_common.ROOT, 'bench', 'results',
+                                           'server_defaults_fidelity.json'), 'Results JSON.')
+
+
+def _parse_set(items: Sequence[str]) -> Dict[str, str]:
+  out = {}
+  for item in items:
+    name, sep, value = item.partition('=')
+    if not sep or not name:
+      raise app.UsageError(f'--set={item}: expected name=value, e.g. fedexp_step_counters=true.')
+    out[name] = value
+  return out
+
+
+def _typed(value: str) -> Any:
+  """A --set value as config_lib.make takes it (it validates the type against the HParams)."""
+  if value.lower() in ('true', 'false'):
+    return value.lower() == 'true'
+  for kind in (int, float):
+    try:
+      return kind(value)
+    except ValueError:
+      pass
+  return value
+
+
+def make_config(name: str, extra: Dict[str, Any], seed: int):
+  """The run's Config; its directory is keyed by the algorithm's resolved settings."""
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
+  values = dict(bench_settings.FIDELITY, rounds=FLAGS.rounds, algorithm=name, seed=seed,
+                eval_every=FLAGS.rounds, runtime=FLAGS.runtime, regularizer='none',
+                data_dir=os.path.abspath(FLAGS.data_dir),
+                cache_dir=os.path.join(FLAGS.output_dir, 'cache'), **extra)
+  config = config_lib.make(**values)
+  config.output_dir = os.path.join(FLAGS.output_dir, f'r{FLAGS.rounds}',
+                                   cell_key(name, resolved_settings(config, name)), f's{seed}')
+  return config
+
+
+def cell_key(name: str, resolved: Dict[str, Any]) -> str:
+  """A cell's name: the algorithm and a hash of the settings it resolved to (its run directory
+  and its key in the results JSON)."""
+  return f'{name}-' + hashlib.sha256(json.dumps(resolved, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def resolved_settings(config, name: str) -> Dict[str, Any]:
+  hp = config.hparams.get(name)
+  return json.loads(json.dumps(hp.to_dict() if hp is not None else {}, default=str))
+
+
+def run_cell(name: str, extra: Dict[str, Any], seeds: Sequence[int]) -> Dict[str, Any]:
+  """Trains the cell once a seed (finished runs are read back); its results (accuracy as a
+  fraction, as bench.accuracy.server_defaults's)."""
+  from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+  configs = [make_config(name, extra, seed) for seed in seeds]
+  return {'algorithm': name, 'settings': resolved_settings(configs[0], name),
+          'set': {k: str(v) for k, v in extra.items()}, 'seeds': list(seeds),
+          # One TFF worker per run at most (--runtime=tff), none left behind.
+          **_common.run_seeds(configs, name, after=tff_context.stop_all)}
+
+
+def main(argv):
+  del argv
+  unknown = [a for a in FLAGS.algorithms if a not in ALGORITHMS]
+  if unknown:
+    raise app.UsageError(f'--algorithms: unknown {unknown}; choose from {", ".join(ALGORITHMS)}.')
+  given = _parse_set(FLAGS.set)
+  seeds = [int(s) for s in FLAGS.seeds]
+  report = {'setting': {**bench_settings.FIDELITY, 'rounds': FLAGS.rounds,
+                        'runtime': FLAGS.runtime, 'regularizer': 'none'},
+            'cells': {}}
+  if os.path.exists(FLAGS.output):  # Cells of earlier invocations stay; this one's replace theirs.
+    with open(FLAGS.output) as f:
+      report = json.load(f)
+  t0 = time.time()
+  done = []
+  for name in FLAGS.algorithms:
+    extra = {k: _typed(v) for k, v in given.items() if k.startswith(f'{name}_')}
+    print(f'{name}{" " + str(extra) if extra else " (defaults)"}:', flush=True)
+    cell = run_cell(name, extra, seeds)
+    key = cell_key(name, cell['settings'])
+    cell['form'] = 'set' if extra else 'default'
+    report['cells'][key] = cell
+    done.append(key)
+    report.update(command=' '.join(['.venv/bin/python -m bench.accuracy.server_defaults_fidelity']
+                                   + [shlex.quote(a) for a in sys.argv[1:]]),
+                  machine=_common.machine(), wall_time_s=time.time() - t0,
+                  load_avg_end=os.getloadavg(), date=time.strftime('%Y-%m-%d'))
+    os.makedirs(os.path.dirname(FLAGS.output), exist_ok=True)
+    with open(FLAGS.output, 'w') as f:
+      json.dump(report, f, indent=2)
+  fedavg = [c for c in report['cells'].values() if c['algorithm'] == 'fedavg']
+  bar = 100.0 * fedavg[0]['mean'] - 3.0 if fedavg else None
+  print(f'\nfinal test accuracy % after {FLAGS.rounds} rounds at the fidelity setting, mean ± std '
+        f'over seeds {",".join(map(str, seeds))}' + (f'; bar (FedAvg - 3): {bar:.2f}' if bar else ''))
+  print('| algorithm | form | settings | accuracy | above the bar |')
+  print('| --- | --- | --- | --- | --- |')
+  for key in done:
+    c = report['cells'][key]
+    above = '-' if bar is None or c['algorithm'] == 'fedavg' else (
+        'yes' if 100.0 * c['mean'] > bar else 'no')
+    settings = ', '.join(f'{k}={v}' for k, v in sorted(c['settings'].items())) or '-'
+    print(f'| {c["algorithm"]} | {c["form"]} | {settings} | {100 * c["mean"]:.2f} ± '
+          f'{100 * c["std"]:.2f} | {above} |')
+  print(f'wrote {FLAGS.output}')
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,55 @@
+"""bench/accuracy/server_defaults_fidelity.py without training: each run is what a user gets with the
+code's defaults at the fidelity setting (the HParams' own values, independently of the script), a
+`--set` form is keyed apart from the defaults, and bad `--set` items are usage errors."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app
+from absl.testing import absltest
+
+from bench.accuracy import server_defaults_fidelity as sdf
+from tff_decorr import algorithms
+
+
+class ConfirmTest(absltest.TestCase):
+
+  def test_runs_take_the_code_defaults_at_the_fidelity_setting(self):
+    dirs = set()
+    for name in sdf.ALGORITHMS:
+      config = sdf.make_config(name, {}, seed=0)
+      expected = algorithms.hparams_class(name)()
+      got = config.hparams[name]
+      for field in vars(expected):
+        self.assertEqual(getattr(got, field), getattr(expected, field), (name, field))
+      self.assertEqual((config.task, config.model, config.num_clients, config.clients_per_round,
+                        config.rounds, config.local_epochs, config.batch_size, config.client_lr,
+                        config.momentum, config.regularizer),
+                       ('cifar10', 'resnet20', 10, 10, 10, 1, 64, 0.01, 0.9, 'none'))
+      self.assertEqual(config.hparams['dirichlet'].alpha, 0.05)
+      self.assertTrue(config.output_dir.endswith('s0'))
+      dirs.add(os.path.dirname(config.output_dir))
+    self.assertLen(dirs, len(sdf.ALGORITHMS))
+
+  def test_a_set_form_is_keyed_apart_from_the_defaults(self):
+    default = sdf.make_config('fedexp', {}, seed=1)
+    other = sdf.make_config('fedexp', {'fedexp_step_counters': not default.hparams['fedexp']
+                                       .step_counters}, seed=1)
+    self.assertNotEqual(other.hparams['fedexp'].step_counters,
+                        default.hparams['fedexp'].step_counters)
+    self.assertNotEqual(os.path.dirname(other.output_dir), os.path.dirname(default.output_dir))
+
+  def test_set_values(self):
+    self.assertEqual(sdf._parse_set(['fedexp_step_counters=false', 'fedadam_bn=average']),
+                     {'fedexp_step_counters': 'false', 'fedadam_bn': 'average'})
+    self.assertEqual([sdf._typed(v) for v in ('true', 'False', '3', '1e-3', 'average')],
+                     [True, False, 3, 1e-3, 'average'])
+    for bad in ('fedexp_step_counters', '=1'):
+      with self.assertRaises(app.UsageError):
+        sdf._parse_set([bad])
+
+
+if __name__ == '__main__':
+  absltest.main()
