@@ -360,7 +360,7 @@ class _Base(parameterized.TestCase):
         np.testing.assert_allclose(w, xi + (np.float32(eta) if t else 1.0) * a, rtol=1e-12,
                                    atol=1e-14)
     logging.info('fedexp (%s): eta_g over the weights only (bn=average): %s; the ratio before the '
-                 'floor with counters (the reference's form): %s; largest relative '
+                 'floor with counters (the reference form): %s; largest relative '
                  'differences: %s', sums_fixture, etas, raws,
                  {k: f'{max(w[k] for w in worst):.1e}' for k in worst[0]})
     return etas, raws, worst
