@@ -29,6 +29,14 @@ checks the float32 kernel, which is unbiased): it is compared loosely, and where
 computation (MOON evaluates the global and previous models in inference mode) the reference's
 values are put into the project's state between rounds.
 
+Partial participation (PartialParticipationTest): FedAvg, FedProx (repaired), MOON (T = 0.5) and
+FedNova with 3 of 5 label-skewed clients a round, 2 local epochs, 3 rounds, FedDecorr 0.1
+(fixtures <run>_partial); the other algorithms' such cases are in
+tests/reference_optimizers_test.py (FedAvg's client rounds without FedDecorr there:
+fedoptim_*_partial's `round{r}/averaged`). The reference's FedNova fails under partial
+participation (docs/reference.md §5: its tau_eff takes p_i by party id from a list over the
+round's parties); the fixture repairs that index from outside, as FedProx's.
+
 SCAFFOLD and FedBN (absent from the reference): against NumPy written here from the papers'
 pseudo-code (Karimireddy et al. 2020, Algorithm 1 with option II; Li et al. 2021, Algorithm 1) on
 a tiny dense model with BatchNorm whose gradients are written out by hand, over three rounds.
@@ -37,6 +45,7 @@ a tiny dense model with BatchNorm whose gradients are written out by hand, over 
 import json
 import os
 
+from absl import logging
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
@@ -58,7 +67,6 @@ ALG_DATA = os.path.join(DATA, 'algorithms')
 # SGD, its batch size.
 CONFIG = client_update.ClientConfig(lr=0.01, momentum=0.9, weight_decay=1e-5)
 BATCH = 32
-CLIENT_SIZES = (97, 64, 30)
 BN_MOMENTUM = 0.9  # PyTorch's momentum 0.1: s <- 0.9 s + 0.1 batch statistic.
 TOL = 1e-7
 # Biased vs unbiased batch variance over N*H*W >= 64 values, in the batch part of the statistic.
@@ -114,27 +122,32 @@ def _stats(fx, entry):
 class _Run:
   """One of the project's algorithms on a fixture's clients, ResNet20 in float64, TF runtime."""
 
-  def __init__(self, name, fx, regularizer, init=None, **hparams):
+  def __init__(self, name, fx, regularizer, init=None, epochs=1, **hparams):
     self.state = _init_state()
     self.state.update({k: np.asarray(v, np.float64) for k, v in (init or {}).items()})
     self.model = testutil.resnet20_f64(self.state)
     b = _Fixture.load('batches', DATA)
-    indices = [fx[f'client{i}/indices'] for i in range(len(CLIENT_SIZES))]
+    indices = [fx[f'client{i}/indices'] for i in range(sum(k.endswith('/indices') for k in fx))]
     data = [(testutil.normalise(b['images'][ix], np.float64), b['labels'][ix].astype(np.int32))
             for ix in indices]
     with testutil.Float64Scope():
       self.alg = algorithms.build(name, lambda: testutil.resnet20_f64(self.state), CONFIG,
-                                  regularizer, **hparams)
+                                  regularizer, local_epochs=epochs, **hparams)
       self.runtime = tf_runtime.TfRuntime(
-          self.alg, algo_testing.make_client_dataset_fn(data, batch_size=BATCH))
+          self.alg, algo_testing.make_client_dataset_fn(data, batch_size=BATCH, epochs=epochs))
       self.server = self.runtime.initialize()
+    # Every client's state, sampled or not (MOON's previous local model).
     self.clients = [self.alg.initial_client_state(self.server['weights']) if self.alg.stateful
                     else base.NO_CLIENT_STATE for _ in data]
 
-  def round(self):
+  def round(self, sampled=None):
+    """One round of the clients `sampled` (default: all); the others' states stay."""
+    sampled = range(len(self.clients)) if sampled is None else sampled
     with testutil.Float64Scope():
-      self.server, self.clients, metrics = self.runtime.run_round(
-          self.server, [(str(i), 0) for i in range(len(self.clients))], self.clients)
+      self.server, states, metrics = self.runtime.run_round(
+          self.server, [(str(i), 0) for i in sampled], [self.clients[i] for i in sampled])
+    for i, st in zip(sampled, states):
+      self.clients[i] = st
     return metrics
 
   def torch_state(self, weights=None):
@@ -150,25 +163,45 @@ class _Run:
     return [v.numpy() for v in self.model.weights]
 
 
+def _weights(fx, sampled):
+  """p_i: the sampled clients' example weights (dataset sizes), normalised over them."""
+  n = np.array([len(fx[f'client{i}/indices']) for i in sampled], np.float64)
+  return n / n.sum()
+
+
+def _log_worst(fixture, worst):
+  """The largest differences over a run's rounds, for the record (docs/algorithms.md's tables)."""
+  logging.info('%s: largest relative differences over %d rounds: %s', fixture, len(worst),
+               {k: f'{max(w[k] for w in worst):.1e}' for k in worst[0]})
+
+
 def _feddecorr():
   return regularizers.get('feddecorr', beta=0.1)
 
 
-class ReferenceTest(parameterized.TestCase):
+class _ReferenceBase(parameterized.TestCase):
+  """The comparisons with the reference's fixtures, shared by the test classes below."""
 
   def assert_state(self, got, fx, entry, trainable_only=False):
     """got: {project key: array}; fx[entry]: the reference's fingerprints. Running variances
-    loosely (module docstring), from `entry/stats` when the fixture has them."""
+    loosely (module docstring), from `entry/stats` when the fixture has them. Returns the largest
+    differences (weights, running means, running variances) for the record."""
+    worst = {'weights': 0.0, 'running_mean': 0.0, 'running_var': 0.0}
     for key, ref in zip(_keys(fx), fx[entry]):
       if 'running' in key and trainable_only:
         continue
       v = got[_project_key(key)]
-      if 'running_var' in key:
+      kind = key.split('.')[-1] if 'running' in key else 'weights'
+      if kind == 'running_var':
         if f'{entry}/stats' in fx:
-          self.assertLess(testutil.relative_difference(v, _stats(fx, f'{entry}/stats')[_project_key(key)]),
-                          VAR_TOL, f'{entry}: {key}')
+          d = testutil.relative_difference(v, _stats(fx, f'{entry}/stats')[_project_key(key)])
+          self.assertLess(d, VAR_TOL, f'{entry}: {key}')
+          worst[kind] = max(worst[kind], d)
         continue
-      self.assertLess(testutil.relative_difference(testutil.fingerprint(key, v), ref), TOL, f'{entry}: {key}')
+      d = testutil.relative_difference(testutil.fingerprint(key, v), ref)
+      self.assertLess(d, TOL, f'{entry}: {key}')
+      worst[kind] = max(worst[kind], d)
+    return worst
 
   def distance(self, got, fx, entry):
     """The largest relative difference of the project's trainable weights `got` from the
@@ -176,74 +209,83 @@ class ReferenceTest(parameterized.TestCase):
     return max(testutil.relative_difference(testutil.fingerprint(key, got[_project_key(key)]), fp)
                for key, fp in zip(_keys(fx), fx[entry]) if 'running' not in key)
 
-  def test_fedprox_round_equals_reference_with_proximal_term_repaired(self):
-    fixed, asis = _Fixture.load('fedprox_fixed'), _Fixture.load('fedprox_asis')
-    run = _Run('fedprox', fixed, _feddecorr(), mu=1.0)
-    run.round()
-    self.assert_state(run.torch_state(), fixed, 'global1')
-    # The term acts: the project's round is far from the unrepaired reference's, which is FedAvg's
-    # (docs/reference.md §5): FedAvg in FedProx's place fails here.
-    self.assertGreater(self.distance(run.torch_state(), asis, 'global1'), 1e3 * TOL)
+  def rounds(self, name, fixture, **hparams):
+    """The project's `name` (FedDecorr 0.1, `hparams`) through the fixture's rounds and party
+    list, each global model against the reference's. Returns the run."""
+    fx = _Fixture.load(fixture)
+    participation, epochs = testutil.reference_schedule(fx)
+    run = _Run(name, fx, _feddecorr(), epochs=epochs, **hparams)
+    worst = []
+    for r, sampled in enumerate(participation, 1):
+      run.round(sampled)
+      worst.append(self.assert_state(run.torch_state(), fx, f'global{r}'))
+    _log_worst(fixture, worst)
+    return run
 
-  @parameterized.named_parameters(('paper_temperature', 'moon_t0.5', 0.5),
-                                  ('reference_as_is', 'moon_asis', 1.0))
-  def test_moon_two_rounds(self, run_name, temperature):
-    """T = 0.5 against the reference with the temperature applied as the paper (exp(sim / T));
-    T = 1 against the unmodified reference (its missing temperature is then T = 1). Round 1's
-    previous model is the initial global one, so round 2 is where the contrastive term acts."""
-    fx = _Fixture.load(run_name)
+  def moon_rounds(self, fixture, temperature, after_round=lambda r, run: None):
+    """The project's MOON (mu 1, `temperature`) through the fixture's rounds and party list: each
+    global model against the reference's, and the contrastive loss (`extra_sum`) against the
+    paper's formula on the similarities the reference computed. A client's previous local model
+    is its own last one (the initial global model until it first trains). `after_round(r, run)`
+    runs after the checks of round r."""
+    fx = _Fixture.load(fixture)
+    participation, epochs = testutil.reference_schedule(fx)
     init = {k: fx[f'init/{k}'] for k in ('classifier.weight', 'classifier.bias')}
-    run = _Run('moon', fx, _feddecorr(), init=init, mu=1.0, temperature=temperature)
-    for r in (1, 2):
-      metrics = run.round()
-      self.assert_state(run.torch_state(), fx, f'global{r}')
-      if temperature != 1.0:  # The temperature acts, in round 2 only (round 1's previous model
-        # is the global one: z_prev = z_global, the contrastive gradient is 0 at any T): the
-        # project's round against the reference's at T = 1.
-        moved = self.distance(run.torch_state(), _Fixture.load('moon_asis'), f'global{r}')
-        if r == 1:
-          self.assertLess(moved, TOL)
-        else:
-          self.assertGreater(moved, 1e3 * TOL)
+    run = _Run('moon', fx, _feddecorr(), init=init, epochs=epochs, mu=1.0,
+               temperature=temperature)
+    worst = []
+    for r, sampled in enumerate(participation, 1):
+      metrics = run.round(sampled)
+      worst.append(self.assert_state(run.torch_state(), fx, f'global{r}'))
+      after_round(r, run)
       # The paper's loss on the reference's similarities, in NumPy: for each example
-      # -log(e^{s_g/T} / (e^{s_g/T} + e^{s_p/T})), averaged over the batch, times mu = 1.
+      # -log(e^{s_g/T} / (e^{s_g/T} + e^{s_p/T})), times mu = 1; `extra_sum` holds each step's
+      # batch mean times the batch size, so the sum over every example of every step.
       expected = 0.0
-      for i in range(len(CLIENT_SIZES)):
-        sims = fx[f'round{r}/client{i}/sims'] / temperature  # [examples, 2], steps in order
-        for step in np.split(sims, range(BATCH, len(sims), BATCH)):
-          l_con = np.logaddexp(step[:, 0], step[:, 1]) - step[:, 0]
-          expected += l_con.mean() * len(step)  # extra_sum: batch values times the batch size
+      for i in sampled:
+        sims = fx[f'round{r}/client{i}/sims'] / temperature  # [examples x epochs, 2]
+        expected += np.sum(np.logaddexp(sims[:, 0], sims[:, 1]) - sims[:, 0])
       self.assertAlmostEqual(float(metrics['extra_sum']), expected, delta=1e-5 * expected)
-      if r == 1:  # z_prev = z_global: each example's term is log 2.
-        self.assertAlmostEqual(float(metrics['extra_sum']), sum(CLIENT_SIZES) * np.log(2),
-                               delta=1e-6 * sum(CLIENT_SIZES))  # metrics are float32
-      # The running variances the reference's eval-mode forwards use (module docstring).
+      if r == 1:  # Every previous model is the global one, z_prev = z_global: log 2 an example.
+        n = epochs * sum(len(fx[f'client{i}/indices']) for i in sampled)
+        self.assertAlmostEqual(float(metrics['extra_sum']), n * np.log(2),
+                               delta=1e-6 * n)  # metrics are float32
+      # The running variances the reference's eval-mode forwards use (module docstring): the
+      # global model's, and the previous local model's of each client that trained.
       run.server = dict(run.server, weights=run.with_running_var(
           run.server['weights'], _stats(fx, f'global{r}/stats')))
-      run.clients = [dict(c, previous=run.with_running_var(
-          c['previous'], _stats(fx, f'round{r}/client{i}/stats')))
-                     for i, c in enumerate(run.clients)]
+      for i in sampled:
+        run.clients[i] = dict(run.clients[i], previous=run.with_running_var(
+            run.clients[i]['previous'], _stats(fx, f'round{r}/client{i}/stats')))
+    _log_worst(fixture, worst)
 
-  def test_fednova_three_rounds_with_bn_statistics(self):
-    fx = _Fixture.load('fednova')
-    p = np.array(CLIENT_SIZES, np.float64) / sum(CLIENT_SIZES)
-    run = _Run('fednova', fx, _feddecorr())
+  def fednova_rounds(self, fixture):
+    """The project's FedNova through the fixture's rounds and party list: the weights against the
+    reference's rule, a_i and tau_eff against the reference's, and the BN statistics against the
+    sampled clients' example-weighted mean derived from the reference's clients; the reference's
+    own rule for the statistics (an extrapolation) is checked on its numbers, for the record."""
+    fx = _Fixture.load(fixture)
+    participation, epochs = testutil.reference_schedule(fx)
+    run = _Run('fednova', fx, _feddecorr(), epochs=epochs)
     expected = _stats(fx, 'global0/stats')  # the project's statistics, from the same start
-    for r in (1, 2, 3):
-      run.round()
+    worst = []
+    for r, sampled in enumerate(participation, 1):
+      run.round(sampled)
       got = run.torch_state()
-      self.assert_state(got, fx, f'global{r}', trainable_only=True)
-      steps = [int(fx[f'round{r}/client{i}/steps']) for i in range(3)]
-      a = np.array([float(fx[f'round{r}/client{i}/a']) for i in range(3)])
+      worst.append(self.assert_state(got, fx, f'global{r}', trainable_only=True))
+      p = _weights(fx, sampled)
+      steps = [int(fx[f'round{r}/client{i}/steps']) for i in sampled]
+      a = np.array([float(fx[f'round{r}/client{i}/a']) for i in sampled])
       ours = client_update.effective_steps(tf.constant(steps), CONFIG.momentum, tf.float64)
       np.testing.assert_allclose(ours.numpy(), a, rtol=1e-14)
       self.assertAlmostEqual(float(fx[f'round{r}/tau_eff']), p @ a, delta=1e-12)
       x_ref = _stats(fx, f'global{r - 1}/stats')
-      clients = [_stats(fx, f'round{r}/client{i}/stats') for i in range(3)]
+      clients = [_stats(fx, f'round{r}/client{i}/stats') for i in sampled]
       # The reference's own rule, for the record: its running statistics go through the
       # normalised update x + tau_eff sum_i p_i (y_i - x) / a_i, whose coefficients sum to
       # tau_eff * sum_i p_i / a_i > 1 when the a_i differ: an extrapolation past every client.
-      self.assertGreater(p @ a * (p @ (1 / a)), 1.0)
+      if len(set(steps)) > 1:
+        self.assertGreater(p @ a * (p @ (1 / a)), 1.0)
       for key, x in x_ref.items():
         extrapolated = x + (p @ a) * sum(pi * (c[key] - x) / ai for pi, c, ai in zip(p, clients, a))
         np.testing.assert_allclose(_stats(fx, f'global{r}/stats')[key], extrapolated, rtol=1e-10,
@@ -254,10 +296,73 @@ class ReferenceTest(parameterized.TestCase):
       expected = {key: sum(pi * (c[key] + BN_MOMENTUM**k * (expected[key] - x_ref[key]))
                            for pi, c, k in zip(p, clients, steps)) for key in x_ref}
       for key, v in expected.items():
-        tol = VAR_TOL if key.endswith('running_var') else TOL
-        self.assertLess(testutil.relative_difference(got[key], v), tol, f'round {r}: {key}')
+        kind = key.split('.')[-1]
+        d = testutil.relative_difference(got[key], v)
+        self.assertLess(d, VAR_TOL if kind == 'running_var' else TOL, f'round {r}: {key}')
+        worst[-1][kind] = max(worst[-1][kind], d)
       expected = {k: (got[k] if k.endswith('running_var') else v) for k, v in expected.items()}
+    _log_worst(fixture, worst)
 
+
+class ReferenceTest(_ReferenceBase):
+
+  def test_fedprox_round_equals_reference_with_proximal_term_repaired(self):
+    run = self.rounds('fedprox', 'fedprox_fixed', mu=1.0)
+    # The term acts: the project's round is far from the unrepaired reference's, which is FedAvg's
+    # (docs/reference.md §5): FedAvg in FedProx's place fails here.
+    self.assertGreater(self.distance(run.torch_state(), _Fixture.load('fedprox_asis'), 'global1'),
+                       1e3 * TOL)
+
+  @parameterized.named_parameters(('paper_temperature', 'moon_t0.5', 0.5),
+                                  ('reference_as_is', 'moon_asis', 1.0))
+  def test_moon_two_rounds(self, run_name, temperature):
+    """T = 0.5 against the reference with the temperature applied as the paper (exp(sim / T));
+    T = 1 against the unmodified reference (its missing temperature is then T = 1). Round 1's
+    previous model is the initial global one, so round 2 is where the contrastive term acts."""
+
+    def temperature_acts(r, run):
+      if temperature != 1.0:  # The temperature acts, in round 2 only (round 1's previous model
+        # is the global one: z_prev = z_global, the contrastive gradient is 0 at any T): the
+        # project's round against the reference's at T = 1.
+        moved = self.distance(run.torch_state(), _Fixture.load('moon_asis'), f'global{r}')
+        if r == 1:
+          self.assertLess(moved, TOL)
+        else:
+          self.assertGreater(moved, 1e3 * TOL)
+
+    self.moon_rounds(run_name, temperature, temperature_acts)
+
+  def test_fednova_three_rounds_with_bn_statistics(self):
+    self.fednova_rounds('fednova')
+
+
+class PartialParticipationTest(_ReferenceBase):
+  """FedAvg, FedProx, MOON and FedNova with partial participation: 3 of 5 label-skewed clients
+  sampled in each of 3 rounds (a different 3 each round), 2 local epochs, from the reference's
+  weights; fixtures <run>_partial (bench/reference/reference_fixtures_algorithms.py,
+  PARTIAL_RUNS; FedDecorr 0.1 as in their full-participation runs). A client's example weight is
+  its dataset size, over the sampled clients only. SCAFFOLD's is PaperTest's (3 of 4 clients)."""
+
+  def test_fedavg_three_rounds(self):
+    """FedAvg + FedDecorr 0.1 against the reference's FedAvg class (fixture fedavg_partial); its
+    full-participation round is tests/reference_equivalence_test.py's."""
+    self.rounds('fedavg', 'fedavg_partial')
+
+  def test_fedprox_three_rounds(self):
+    """Against the reference with its proximal term repaired (fixture fedprox_fixed_partial)."""
+    self.rounds('fedprox', 'fedprox_fixed_partial', mu=1.0)
+
+  def test_moon_three_rounds(self):
+    """T = 0.5 against the reference with the temperature applied (fixture moon_t0.5_partial).
+    Clients 3 and 4 first train in round 2, from the initial global model as their previous
+    model; client 0's previous model in round 3 is its own of round 1."""
+    self.moon_rounds('moon_t0.5_partial', 0.5)
+
+  def test_fednova_three_rounds(self):
+    """Against the reference with its party index repaired (fixture fednova_fixed_partial: its
+    tau_eff took p_i by party id from a list over the round's parties). Round 2's clients take
+    the same number of steps (a_i equal), rounds 1 and 3's do not."""
+    self.fednova_rounds('fednova_fixed_partial')
 
 
 # SCAFFOLD and FedBN: a tiny model, x -> Dense(5) -> BatchNorm -> ReLU (representation) -> Dense(3),

@@ -1,5 +1,6 @@
 """Helpers shared by the tests: where the repository and the shared test data are."""
 
+import contextlib
 import ipaddress
 import os
 import subprocess
@@ -194,6 +195,19 @@ def fingerprint(name: str, array):
   return np.array([a.sum(), (a * a).sum(), (a * r).sum()])
 
 
+def reference_schedule(fx):
+  """(party list: the clients sampled in each round, local epochs) of a fixture of
+  bench/reference/reference_fixtures_algorithms.py: its `participation` where it has one (the
+  partial runs), else every client in every round."""
+  import json  # pylint: disable=g-import-not-at-top
+  settings = json.loads(str(fx['settings']))
+  if 'participation' in fx:
+    participation = json.loads(str(fx['participation']))
+  else:
+    participation = [list(range(len(settings['client_sizes'])))] * settings['rounds']
+  return participation, settings['epochs']
+
+
 def normalise(images_uint8, dtype):
   """ToTensor + Normalize as the reference computes them (float32: its CIFAR-10 mean and std,
   dataset_utils.get_dataloader, written out here), then cast."""
@@ -220,6 +234,50 @@ class Float64Scope:
   def __exit__(self, *exc):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     tf.keras.backend.set_floatx(self._old)
+
+
+@contextlib.contextmanager
+def torch_batch_norm_statistics():
+  """Inside the block, Keras' non-fused BatchNormalization (the float64 models' path) updates its
+  moving statistics as PyTorch does: the moving variance with the unbiased batch variance
+  (x m/(m-1), m values per channel; Keras' non-fused kernel takes the biased one, its float32
+  fused kernel the unbiased one), and the decay 1 - momentum formed in the variable's dtype (Keras
+  forms it in float32: 0.1 + 1.5e-9). The layer's output, normalised with the biased variance on
+  both sides, is unchanged. For tests that compare a float64 model's running statistics with
+  PyTorch's closely; the models must be traced inside the block. Patches two private methods of
+  Keras 2.14's BatchNormalizationBase (restored on exit)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top,protected-access
+  from keras.src.layers.normalization import batch_normalization
+  cls = batch_normalization.BatchNormalizationBase
+  moments, assign = cls._moments, cls._assign_moving_average
+
+  def counted_moments(layer, inputs, reduction_axes, keep_dims, mask=None):
+    layer._values_per_channel = tf.reduce_prod(
+        tf.gather(tf.shape(inputs), reduction_axes))
+    return moments(layer, inputs, reduction_axes, keep_dims, mask=mask)
+
+  def torch_moving_average(layer, variable, value, momentum, inputs_size):
+    if layer.fused:  # The fused kernel's variance is unbiased already.
+      return assign(layer, variable, value, momentum, inputs_size)
+    dtype = variable.dtype.base_dtype
+    value = tf.cast(value, dtype)
+    if variable is layer.moving_variance:
+      m = tf.cast(layer._values_per_channel, dtype)
+      value = value * m / (m - 1)
+    # A Python float straight to the variable's dtype (not through float32).
+    momentum = tf.cast(momentum, dtype) if tf.is_tensor(momentum) else tf.constant(momentum, dtype)
+    delta = (variable - value) * (1 - momentum)
+    if inputs_size is not None:
+      delta = tf.where(inputs_size > 0, delta, tf.zeros_like(delta))
+    return variable.assign_sub(delta)
+
+  cls._moments, cls._assign_moving_average = counted_moments, torch_moving_average
+  try:
+    yield
+  finally:
+    cls._moments, cls._assign_moving_average = moments, assign
+  # pylint: enable=g-import-not-at-top,protected-access
 
 
 def resnet20_f64(state):

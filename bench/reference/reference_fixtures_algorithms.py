@@ -102,13 +102,23 @@ The runs (name: approach, its arguments, rounds):
   `client{i}/indices` and `settings` give them).
 - `fedsam`: FedSAM, SAM rho 0.05 (`--rho` of the approach; the momentum is main.py's --rho 0.9),
   2 rounds.
-- `<run>_partial` (fedlogitcal_partial, and any of PARTIAL_RUNS made with --only): the run's
-  approach and arguments with partial participation: 5 label-skewed clients (the first 97, 64,
-  30, 48 and 40 images of batches.npz with labels in {0..5}, {3..7}, {7, 8, 9}, {0, 1, 8, 9},
-  {2, 4, 6}), 3 of them sampled in each of 3 rounds (PARTICIPATION: [0, 1, 2], [1, 3, 4],
-  [0, 2, 4], the reference's party_list_rounds, also stored as `participation`, JSON), 2 local
-  epochs. Only the sampled clients have `round{r}/client{i}` entries.
-tests/reference_algorithms_test.py reads the FedProx, MOON and FedNova runs,
+- `<run>_partial` (PARTIAL_RUNS: fedprox_fixed, moon_t0.5, fedexp, fedlogitcal, fedrs, fedsam,
+  fedoptim_{gd,adam,yogi,adagrad}, and two runs made only in this form, PARTIAL_ONLY: `fedavg`,
+  the reference's FedAvg class with FedDecorr 0.1, and `fednova_fixed`, FedNova, FedDecorr 0.1,
+  with its party index repaired (patch 'nova_index': the reference's tau_eff takes p_i by party id
+  from a list over the round's parties, an IndexError under partial participation,
+  docs/reference.md §5; the reference's own global_aggregation is compiled again from its source
+  with that one expression indexed by position)): the run's approach and arguments with partial
+  participation: 5 label-skewed clients (the first 97, 64, 30, 48 and 40 images of batches.npz
+  with labels in {0..5}, {3..7}, {7, 8, 9}, {0, 1, 8, 9}, {2, 4, 6}), 3 of them sampled in each
+  of 3 rounds (PARTICIPATION: [0, 1, 2], [1, 3, 4], [0, 2, 4], the reference's party_list_rounds,
+  also stored as `participation`, JSON), 2 local epochs. Only the sampled clients have
+  `round{r}/client{i}` entries (fedexp's per-client sums too, and its
+  `round{r}/sqr_avg_delta_per_key` is over them); moon_t0.5_partial has no `round2/client0/z*`
+  (client 0 sits out round 2). MOON's previous local model is each party's own, kept by the
+  reference between the rounds it takes part in. The runs are independent (each starts from the
+  same weights and seed), so they may be made in separate processes.
+tests/reference_algorithms_test.py reads the FedAvg, FedProx, MOON and FedNova runs,
 tests/reference_optimizers_test.py the others.
 """
 
@@ -117,11 +127,13 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib.util
+import inspect
 import json
 import logging
 import os
 import sys
 import tempfile
+import textwrap
 import types
 
 import numpy as np
@@ -169,18 +181,41 @@ for _opt in ('gd', 'adam', 'yogi', 'adagrad'):
   RUNS[f'fedoptim_{_opt}'] = ('fedoptim', 'FedOptim', dict(
       server_optimizer=_opt, server_momentum=0.9, server_momentum_second=0.99,
       server_learning_rate=0.01, tau=1e-3), 3, False, None)
-# FedNova is left out: the reference's fails under partial participation (docs/reference.md §5).
+# Runs made only with partial participation: FedAvg (FedDecorr 0.1, the paper's method; its
+# full-participation round is bench/reference/reference_fixtures.py's), and FedNova with its party
+# index repaired ('nova_index': the reference's fails under partial participation,
+# docs/reference.md §5; with every client in every round the index is right, so `fednova` needs no
+# repair).
+PARTIAL_ONLY = {
+    'fedavg': ('fedavg', 'FedAvg', {}, None, True, None),
+    'fednova_fixed': ('fednova', 'FedNova', {}, None, True, 'nova_index'),
+}
 # The runs that show the reference unchanged next to a repaired one need no partial form.
-PARTIAL_RUNS = tuple(f'{r}_partial' for r in RUNS
+PARTIAL_RUNS = tuple(f'{r}_partial' for r in (*RUNS, *PARTIAL_ONLY)
                      if r not in ('fednova', 'fedexp_nocounters') and not r.endswith('_asis'))
 for _run in PARTIAL_RUNS:
-  _module, _cls, _kw, _, _decorr, _patch = RUNS[_run[:-len('_partial')]]
+  _module, _cls, _kw, _, _decorr, _patch = {**RUNS, **PARTIAL_ONLY}[_run[:-len('_partial')]]
   RUNS[_run] = (_module, _cls, _kw, len(PARTICIPATION), _decorr, _patch)
   EPOCHS[_run] = 2
 
 
 def _is_stat(key):
   return key.endswith('running_mean') or key.endswith('running_var')
+
+
+def _repair_party_index(appr, appr_cls) -> None:
+  """FedNova's global_aggregation with its one defect repaired: tau_eff = sum_i p_i a_i takes
+  p_i from `fed_avg_freqs`, a list over the round's parties, by party id (an IndexError, or the
+  wrong p_i, unless the round's parties are 0, 1, ...). The reference's own function, compiled
+  again from its source with that one expression indexed by position instead."""
+  src = textwrap.dedent(inspect.getsource(appr_cls.global_aggregation))
+  bug = 'fed_avg_freqs[r]*all_a[r] for r in nets_this_round'
+  assert src.count(bug) == 1, 'the reference changed'
+  src = src.replace(bug, 'fed_avg_freqs[j]*all_a[r] for j, r in enumerate(nets_this_round)')
+  namespace = {}
+  exec(compile(src, inspect.getsourcefile(appr_cls), 'exec'),  # pylint: disable=exec-used
+       vars(sys.modules[appr_cls.__module__]), namespace)
+  appr.global_aggregation = types.MethodType(namespace['global_aggregation'], appr)
 
 
 def _main(args) -> None:
@@ -261,6 +296,8 @@ def _main(args) -> None:
         for m in net.modules():
           if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):  # pylint: disable=W0212
             m.num_batches_tracked = None
+    if patch == 'nova_index':  # tau_eff indexes the round's list of p_i by party id.
+      _repair_party_index(appr, appr_cls)
     if module == 'moon':  # The previous local model of round 1: the initial global model.
       for prev in appr.party2prevnets.values():
         prev.load_state_dict(appr.global_net.state_dict())
