@@ -111,6 +111,11 @@ class ConfigTest(absltest.TestCase):
     self.assertEqual(new.output_dir, last.output_dir)
     self.assertEqual(run_dir.differences(config.migrate_dict(written), new.to_dict()), ['hparams'])
 
+  def test_fedexp_evaluate_refuses_an_unknown_model(self):
+    with self.assertRaisesRegex(ValueError, "--fedexp_evaluate: choose one of average_last_two, "
+                                "last, got 'middle'"):
+      resolve(task='digits', algorithm='fedexp', regularizer='none', fedexp_evaluate='middle')
+
   def test_initialisation_defaults_to_the_models_reference_and_old_runs_are_not_mixed_in(self):
     (r20,) = resolve(task='cifar10', model='resnet20', regularizer='none')
     (mob,) = resolve(task='cifar10', regularizer='none')
