@@ -25,7 +25,8 @@ SAME_VALUE = {'fedprox_mu': 'mu', 'fedavgm_server_momentum': 'server_momentum',
               'fedadam_server_lr': 'server_learning_rate', 'fedadam_beta1': 'server_momentum',
               'fedadam_beta2': 'server_momentum_second', 'fedadam_tau': 'tau',
               'fedexp_eps': 'eps', 'fedlc_tau': 'calibration_temp',
-              'fedrs_alpha': 'restricted_strength', 'fedsam_rho': 'rho'}
+              'fedrs_alpha': 'restricted_strength', 'fedsam_rho': 'rho',
+              'moon_mu': 'mu'}
 _TYPES = {None: None, 'int': int, 'float': float, 'str': str}
 
 
@@ -84,6 +85,8 @@ class ReferenceParsersTest(absltest.TestCase):
           for setting, value in m.project.items():
             if setting in SAME_VALUE:
               self.assertEqual(getattr(appr, SAME_VALUE[setting]), value, setting)
+          if name == 'moon':  # The projection head the project's CIFAR-10 MOON has (256).
+            self.assertEqual((appr.use_proj_head, appr.proj_dim), (True, 256))
           if name in ('fedavgm', 'fedadam'):
             self.assertEqual(appr.server_optimizer, {'fedavgm': 'gd', 'fedadam': 'adam'}[name])
           if m.feddecorr:

@@ -41,6 +41,22 @@ class ConfirmTest(absltest.TestCase):
                         default.hparams['fedexp'].step_counters)
     self.assertNotEqual(os.path.dirname(other.output_dir), os.path.dirname(default.output_dir))
 
+  def test_feddecorr_cells_are_the_defaults_with_feddecorr_keyed_apart(self):
+    for name in ('fedavgm', 'moon'):
+      plain = sdf.make_config(name, {}, seed=2)
+      decorr = sdf.make_config(name, {}, seed=2, regularizer='feddecorr')
+      self.assertEqual((plain.regularizer, decorr.regularizer), ('none', 'feddecorr'))
+      self.assertEqual(decorr.hparams['feddecorr'].beta, 0.1)  # The paper's CIFAR-10 beta.
+      self.assertEqual(decorr.hparams[name], plain.hparams[name])
+      self.assertNotEqual(os.path.dirname(decorr.output_dir), os.path.dirname(plain.output_dir))
+    # The regulariser-free cells keep the names of the runs made before --regularizer existed.
+    self.assertEqual(sdf.cell_key('fedexp', {'a': 1}), sdf.cell_key('fedexp', {'a': 1}, 'none'))
+    self.assertTrue(sdf.cell_key('fedexp', {'a': 1}, 'feddecorr').startswith('fedexp+feddecorr-'))
+
+  def test_moon_has_its_projection_head(self):
+    self.assertEqual(sdf.make_config('moon', {}, seed=0).projection_dim, 256)
+    self.assertEqual(sdf.make_config('fedavgm', {}, seed=0).projection_dim, 0)
+
   def test_set_values(self):
     self.assertEqual(sdf._parse_set(['fedexp_step_counters=false', 'fedadam_bn=average']),
                      {'fedexp_step_counters': 'false', 'fedadam_bn': 'average'})

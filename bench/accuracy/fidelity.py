@@ -21,7 +21,7 @@ Runs already finished are reused (bin/train resumes), so an interrupted benchmar
 Writes bench/results/fidelity_alpha<alphas>.json.
 
 Other algorithms, and the reference measured here: `--algorithms` (any of fedavg,
-fedprox, fedavgm, fedadam, fedexp, fedlc, fedrs, fedsam) and `--sides=project,reference` run each
+fedprox, fedavgm, fedadam, fedexp, moon, fedlc, fedrs, fedsam) and `--sides=project,reference` run each
 algorithm on both sides at the same setting, `--regularizers` none and/or feddecorr (feddecorr
 only where the reference's approach has it: not fedlc, fedrs, fedsam). The reference side is its
 own main.py, one subprocess of the PyTorch environment per seed (`--torch_python`,

@@ -11,6 +11,12 @@ FedAvg's mean minus 3 points.
   .venv/bin/python -m bench.accuracy.server_defaults_fidelity
   .venv/bin/python -m bench.accuracy.server_defaults_fidelity --algorithms=fedavg,fedexp --seeds=0
   .venv/bin/python -m bench.accuracy.server_defaults_fidelity --set=fedexp_step_counters=true
+  .venv/bin/python -m bench.accuracy.server_defaults_fidelity --regularizer=feddecorr \
+      --algorithms=fedavg,fedprox,fedavgm,moon,fedadam,fedexp
+
+`--regularizer=feddecorr` adds FedDecorr (beta 0.1, bench/settings.py) to every run: the paper's
+pairs, each baseline as a user gets it by default with and without FedDecorr (docs/benchmarks.md
+§6). Its cells are keyed apart from the regulariser-free ones.
 
 `--set` runs another form instead of the defaults (any bin/train component flag, e.g. the
 reference's: `--set=fedadam_bn=reference,fedadam_server_lr=0.01`); its cells are keyed by what they
@@ -39,9 +45,15 @@ from bench import settings as bench_settings
 
 FLAGS = flags.FLAGS
 
-ALGORITHMS = ('fedavg', 'fedadam', 'fedyogi', 'fedadagrad', 'fedexp')
+# The server-side baselines whose defaults were chosen by measurement (the default grid), and the
+# other baselines the paper pairs with FedDecorr.
+DEFAULT_ALGORITHMS = ('fedavg', 'fedadam', 'fedyogi', 'fedadagrad', 'fedexp')
+ALGORITHMS = DEFAULT_ALGORITHMS + ('fedprox', 'fedavgm', 'moon')
 
-flags.DEFINE_list('algorithms', list(ALGORITHMS), 'Algorithms (fedavg: the baseline).')
+flags.DEFINE_list('algorithms', list(DEFAULT_ALGORITHMS), 'Algorithms (fedavg: the baseline), '
+                  'from ' + ', '.join(ALGORITHMS) + '.')
+flags.DEFINE_enum('regularizer', 'none', ['none', 'feddecorr'],
+                  'Regulariser of every run: none, or FedDecorr with bench/settings.py\'s beta.')
 flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds.')
 flags.DEFINE_integer('rounds', bench_settings.FIDELITY['rounds'], 'Rounds a run.')
 flags.DEFINE_list('set', [], 'Component settings by flag name (name=value) given to every run '
@@ -75,23 +87,28 @@ def _typed(value: str) -> Any:
   return value
 
 
-def make_config(name: str, extra: Dict[str, Any], seed: int):
-  """The run's Config; its directory is keyed by the algorithm's resolved settings."""
+def make_config(name: str, extra: Dict[str, Any], seed: int, regularizer: str = 'none'):
+  """The run's Config; its directory is keyed by the algorithm's resolved settings and the
+  regulariser."""
   from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   values = dict(bench_settings.FIDELITY, rounds=FLAGS.rounds, algorithm=name, seed=seed,
-                eval_every=FLAGS.rounds, runtime=FLAGS.runtime, regularizer='none',
+                eval_every=FLAGS.rounds, runtime=FLAGS.runtime, regularizer=regularizer,
                 data_dir=os.path.abspath(FLAGS.data_dir),
                 cache_dir=os.path.join(FLAGS.output_dir, 'cache'), **extra)
+  if regularizer == 'feddecorr':
+    values['feddecorr_beta'] = bench_settings.FEDDECORR_BETA
   config = config_lib.make(**values)
-  config.output_dir = os.path.join(FLAGS.output_dir, f'r{FLAGS.rounds}',
-                                   cell_key(name, resolved_settings(config, name)), f's{seed}')
+  config.output_dir = os.path.join(
+      FLAGS.output_dir, f'r{FLAGS.rounds}',
+      cell_key(name, resolved_settings(config, name), regularizer), f's{seed}')
   return config
 
 
-def cell_key(name: str, resolved: Dict[str, Any]) -> str:
-  """A cell's name: the algorithm and a hash of the settings it resolved to (its run directory
-  and its key in the results JSON)."""
-  return f'{name}-' + hashlib.sha256(json.dumps(resolved, sort_keys=True).encode()).hexdigest()[:8]
+def cell_key(name: str, resolved: Dict[str, Any], regularizer: str = 'none') -> str:
+  """A cell's name: the algorithm (with `+feddecorr` when regularised) and a hash of the
+  settings it resolved to (its run directory and its key in the results JSON)."""
+  digest = hashlib.sha256(json.dumps(resolved, sort_keys=True).encode()).hexdigest()[:8]
+  return f'{name}{"" if regularizer == "none" else "+" + regularizer}-{digest}'
 
 
 def resolved_settings(config, name: str) -> Dict[str, Any]:
@@ -99,13 +116,15 @@ def resolved_settings(config, name: str) -> Dict[str, Any]:
   return json.loads(json.dumps(hp.to_dict() if hp is not None else {}, default=str))
 
 
-def run_cell(name: str, extra: Dict[str, Any], seeds: Sequence[int]) -> Dict[str, Any]:
+def run_cell(name: str, extra: Dict[str, Any], seeds: Sequence[int],
+             regularizer: str = 'none') -> Dict[str, Any]:
   """Trains the cell once a seed (finished runs are read back); its results (accuracy as a
   fraction, as bench.accuracy.server_defaults's)."""
   from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
-  configs = [make_config(name, extra, seed) for seed in seeds]
+  configs = [make_config(name, extra, seed, regularizer) for seed in seeds]
   return {'algorithm': name, 'settings': resolved_settings(configs[0], name),
-          'set': {k: str(v) for k, v in extra.items()}, 'seeds': list(seeds),
+          'regularizer': regularizer, 'set': {k: str(v) for k, v in extra.items()},
+          'seeds': list(seeds),
           # One TFF worker per run at most (--runtime=tff), none left behind.
           **_common.run_seeds(configs, name, after=tff_context.stop_all)}
 
@@ -118,8 +137,7 @@ def main(argv):
   given = _parse_set(FLAGS.set)
   seeds = [int(s) for s in FLAGS.seeds]
   report = {'setting': {**bench_settings.FIDELITY, 'rounds': FLAGS.rounds,
-                        'runtime': FLAGS.runtime, 'regularizer': 'none'},
-            'cells': {}}
+                        'runtime': FLAGS.runtime}, 'cells': {}}
   if os.path.exists(FLAGS.output):  # Cells of earlier invocations stay; this one's replace theirs.
     with open(FLAGS.output) as f:
       report = json.load(f)
@@ -127,9 +145,10 @@ def main(argv):
   done = []
   for name in FLAGS.algorithms:
     extra = {k: _typed(v) for k, v in given.items() if k.startswith(f'{name}_')}
-    print(f'{name}{" " + str(extra) if extra else " (defaults)"}:', flush=True)
-    cell = run_cell(name, extra, seeds)
-    key = cell_key(name, cell['settings'])
+    print(f'{name}{" " + str(extra) if extra else " (defaults)"}, regularizer '
+          f'{FLAGS.regularizer}:', flush=True)
+    cell = run_cell(name, extra, seeds, FLAGS.regularizer)
+    key = cell_key(name, cell['settings'], FLAGS.regularizer)
     cell['form'] = 'set' if extra else 'default'
     report['cells'][key] = cell
     done.append(key)
@@ -140,18 +159,20 @@ def main(argv):
     os.makedirs(os.path.dirname(FLAGS.output), exist_ok=True)
     with open(FLAGS.output, 'w') as f:
       json.dump(report, f, indent=2)
-  fedavg = [c for c in report['cells'].values() if c['algorithm'] == 'fedavg']
+  fedavg = [c for c in report['cells'].values() if c['algorithm'] == 'fedavg'
+            and c.get('regularizer', 'none') == 'none']
   bar = 100.0 * fedavg[0]['mean'] - 3.0 if fedavg else None
   print(f'\nfinal test accuracy % after {FLAGS.rounds} rounds at the fidelity setting, mean ± std '
         f'over seeds {",".join(map(str, seeds))}' + (f'; bar (FedAvg - 3): {bar:.2f}' if bar else ''))
-  print('| algorithm | form | settings | accuracy | above the bar |')
-  print('| --- | --- | --- | --- | --- |')
+  print('| algorithm | regularizer | form | settings | accuracy | above the bar |')
+  print('| --- | --- | --- | --- | --- | --- |')
   for key in done:
     c = report['cells'][key]
     above = '-' if bar is None or c['algorithm'] == 'fedavg' else (
         'yes' if 100.0 * c['mean'] > bar else 'no')
     settings = ', '.join(f'{k}={v}' for k, v in sorted(c['settings'].items())) or '-'
-    print(f'| {c["algorithm"]} | {c["form"]} | {settings} | {100 * c["mean"]:.2f} ± '
+    print(f'| {c["algorithm"]} | {c.get("regularizer", "none")} | {c["form"]} | {settings} | '
+          f'{100 * c["mean"]:.2f} ± '
           f'{100 * c["std"]:.2f} | {above} |')
   print(f'wrote {FLAGS.output}')
 

@@ -165,6 +165,15 @@ ALGORITHMS = {
                                                    'fedexp_evaluate': 'last'},
                       True, 'both sides\' eta_g include BN\'s num_batches_tracked (the project '
                       'adds their terms, Keras has no such counter), which holds it near 1'),
+    # cifar10_moon.sh / cifar10_moon_feddecorr.sh: --mu=1.0 --use_proj_head (--proj_dim default
+    # 256, the project's CIFAR-10 head). The reference never applies --temperature, so its logits
+    # are the cosine similarities themselves: temperature 1.0 on the project side (the project's
+    # default applies the paper's 0.5).
+    'moon': Mapping('moon', ('--mu=1.0', '--use_proj_head'), {'moon_mu': 1.0,
+                                                             'moon_temperature': 1.0}, True,
+                    'the reference\'s temperature is never applied (the project side is given '
+                    '1.0); in round 1 its previous local models are the parties\' own initial '
+                    'networks, the project\'s the initial global model'),
     # cifar10_fedlogitcal.sh --calibration_temp=0.1 (also the default).
     'fedlc': Mapping('fedlogitcal', ('--calibration_temp=0.1',), {'fedlc_tau': 0.1}, False),
     # cifar10_rs.sh --restricted_strength=0.5 (also the default).
