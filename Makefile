@@ -13,6 +13,8 @@ PY := $(VENV)/bin/python
 PYTHON311 ?= $(shell command -v python3.11 || command -v python3)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 STAMP := $(VENV)/.requirements.sha256
+# An OpenSSH server for tests/ssh_tunnel_test.py, unpacked from Debian's package, never installed.
+OPENSSH := $(VENV)/opt/openssh
 ARGS ?=
 BAZEL_TEST_ARGS ?=
 
@@ -36,14 +38,24 @@ system-packages:
 	  { echo "setup: Python 3.11 is required (TFF 0.87 supports < 3.12); set PYTHON311=/path/to/python3.11" >&2; exit 1; }
 
 # What only the tests need, not training: a browser for tests/report_test.py, which renders
-# bin/report's page in headless Chromium (that test is skipped, saying why, where none is found).
+# bin/report's page in headless Chromium, and OpenSSH for tests/ssh_tunnel_test.py.
 test-system-packages:
 	@missing=""; \
 	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing="$$missing chromium"; \
+	command -v ssh >/dev/null || missing="$$missing openssh-client"; \
 	if [ -n "$$missing" ]; then \
 	  echo "setup: installing test system packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
+	@# sshd for the tunnel test: the package's files only (installing openssh-server would start a
+	@# system sshd on every interface's port 22); libwrap0 is the one library it needs that a
+	@# Debian base lacks.
+	@[ -x $(OPENSSH)/usr/sbin/sshd ] || { \
+	  d=$$(mktemp -d); \
+	  (cd $$d && apt-get download -qq openssh-server libwrap0 2>/dev/null) || \
+	    { $(SUDO) apt-get update -qq && (cd $$d && apt-get download -qq openssh-server libwrap0 2>/dev/null); }; \
+	  mkdir -p $(OPENSSH); for f in $$d/*.deb; do dpkg-deb -x $$f $(OPENSSH); done; rm -rf $$d; \
+	  [ -x $(OPENSSH)/usr/sbin/sshd ] && echo "setup: unpacked sshd into $(OPENSSH)"; }
 
 # The lock is installed with --no-deps: pip's resolver cannot satisfy TFF 0.87's own pins
 # (jaxlib 0.4.14 is gone from the index; protobuf constraints conflict), see requirements.txt.

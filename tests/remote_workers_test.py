@@ -39,15 +39,7 @@ def _python():
 
 
 def _start_worker(socket_path, log):
-  proc = subprocess.Popen([_python(), '-m', 'bin.worker', f'--socket={socket_path}',
-                           f'--log={log}'], cwd=testutil.REPO_ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.DEVNULL, text=True)
-  line = proc.stdout.readline()  # Printed once the worker listens, as the kernel says.
-  if 'serving on' not in line:
-    proc.kill()
-    raise AssertionError(f'bin.worker did not start: {line!r}')
-  proc.first_line = line
-  return proc
+  return testutil.start_socket_worker(socket_path, log)
 
 
 def _binaries_of(proc):
@@ -248,12 +240,7 @@ class WorkerLostTest(absltest.TestCase):
         'from tff_decorr.federated import tff_context',
         'w = tff_context.WorkerProcess()',
         'tff_context.install(workers=[w.address])',
-        '@tff.tensorflow.computation(np.int32)',
-        'def add_one(x):',
-        '  return x + 1',
-        '@tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))',
-        'def total(xs):',
-        '  return tff.federated_sum(tff.federated_map(add_one, xs))',
+        *testutil.FEDERATED_TOTAL,
         'print("FIRST", total([1, 2, 3]), flush=True)',
         'w.process.kill(); w.process.wait()',
         't = time.monotonic()',

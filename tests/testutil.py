@@ -20,6 +20,37 @@ def shared_tfds_dir() -> str | None:
   return path if os.path.isdir(os.path.join(path, 'cifar10')) else None
 
 
+def python() -> str:
+  """The project's venv Python where it exists (as `make test` has it), else this one."""
+  return PYTHON if os.path.exists(PYTHON) else sys.executable
+
+
+# A federated computation small enough to check a worker connection with: `total([1, 2, 3])`
+# is 9 (program text, for a subprocess that has installed its TFF context first).
+FEDERATED_TOTAL = [
+    '@tff.tensorflow.computation(np.int32)',
+    'def add_one(x):',
+    '  return x + 1',
+    '@tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))',
+    'def total(xs):',
+    '  return tff.federated_sum(tff.federated_map(add_one, xs))',
+]
+
+
+def start_socket_worker(socket_path: str, log: str) -> subprocess.Popen:
+  """`bin.worker --socket=socket_path` (in its own network namespace, behind a 0600 Unix socket),
+  returned once it says it serves; its first line is kept as `.first_line`."""
+  proc = subprocess.Popen([python(), '-m', 'bin.worker', f'--socket={socket_path}', f'--log={log}'],
+                          cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          text=True)
+  line = proc.stdout.readline()  # Printed once the worker listens, as the kernel says.
+  if 'serving on' not in line:
+    proc.kill()
+    raise AssertionError(f'bin.worker did not start: {line!r}; see {log}')
+  proc.first_line = line
+  return proc
+
+
 # The line tools/count_skips.py allows a skip by (tests/count_skips_test.py: the same string).
 ALLOWED_SKIP_MARK = 'count_skips: allowed skip:'
 
