@@ -40,6 +40,12 @@ _PROGRAM = '\n'.join([
 ])
 
 
+def _sbin(tool: str) -> str:
+  # Bazel's test PATH is /bin:/usr/bin:/usr/local/bin; the user tools live in /usr/sbin.
+  return shutil.which(tool, path=os.pathsep.join([os.environ.get('PATH', ''), '/usr/sbin',
+                                                  '/sbin'])) or tool
+
+
 def _free_loopback_port() -> int:
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
     s.bind(('127.0.0.1', 0))
@@ -83,9 +89,9 @@ class SshTunnelTest(absltest.TestCase):
     try:
       pwd.getpwnam('sshd')
     except KeyError:
-      subprocess.run(['useradd', '--system', '--no-create-home', '--home-dir', '/run/sshd',
+      subprocess.run([_sbin('useradd'), '--system', '--no-create-home', '--home-dir', '/run/sshd',
                       '--shell', '/usr/sbin/nologin', 'sshd'], check=True)
-      self.addCleanup(subprocess.run, ['userdel', 'sshd'], check=False)
+      self.addCleanup(subprocess.run, [_sbin('userdel'), 'sshd'], check=False)
     if not os.path.isdir('/run/sshd'):
       os.makedirs('/run/sshd', mode=0o755)
       self.addCleanup(os.rmdir, '/run/sshd')
