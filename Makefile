@@ -55,7 +55,9 @@ test-system-packages:
 	  (cd $$d && apt-get download -qq openssh-server libwrap0 2>/dev/null) || \
 	    { $(SUDO) apt-get update -qq && (cd $$d && apt-get download -qq openssh-server libwrap0 2>/dev/null); }; \
 	  mkdir -p $(OPENSSH); for f in $$d/*.deb; do dpkg-deb -x $$f $(OPENSSH); done; rm -rf $$d; \
-	  [ -x $(OPENSSH)/usr/sbin/sshd ] && echo "setup: unpacked sshd into $(OPENSSH)"; }
+	  if [ -x $(OPENSSH)/usr/sbin/sshd ]; then echo "setup: unpacked sshd into $(OPENSSH)"; else \
+	    echo "setup: could not download openssh-server and libwrap0 with apt-get download" \
+	      "(tests/ssh_tunnel_test.py needs them): check apt's sources" >&2; exit 1; fi; }
 
 # The lock is installed with --no-deps: pip's resolver cannot satisfy TFF 0.87's own pins
 # (jaxlib 0.4.14 is gone from the index; protobuf constraints conflict), see requirements.txt.
