@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -32,14 +31,6 @@ _CONFIG = ('--task=digits', '--algorithm=scaffold', '--num_clients=4', '--client
            '--rounds=2', '--local_epochs=1', '--regularizer=none', '--client_lr=0.002', '--seed=3',
            '--runtime=tff', '--eval_every=2')
 _TOLERANCE = 1e-3
-
-
-def _python():
-  return testutil.PYTHON if os.path.exists(testutil.PYTHON) else sys.executable
-
-
-def _start_worker(socket_path, log):
-  return testutil.start_socket_worker(socket_path, log)
 
 
 def _binaries_of(proc):
@@ -92,7 +83,7 @@ class RemoteWorkersTest(absltest.TestCase):
     self.cache = os.path.join(self.tmp, 'cache')
     # Each worker's socket in a folder of its own, as on two machines (bin.worker makes it 0700).
     self.sockets = [os.path.join(self.tmp, f'host{i}', 'worker.sock') for i in range(2)]
-    self.workers = [_start_worker(p, os.path.join(self.tmp, f'worker{i}.log'))
+    self.workers = [testutil.start_socket_worker(p, os.path.join(self.tmp, f'worker{i}.log'))
                     for i, p in enumerate(self.sockets)]
     self.addCleanup(self._stop_workers)
 
@@ -106,7 +97,7 @@ class RemoteWorkersTest(absltest.TestCase):
   def _train(self, out, *extra):
     cache = () if any(a.startswith('--cache_dir=') for a in extra) else (
         f'--cache_dir={self.cache}',)
-    return [_python(), '-m', 'bin.train', *_CONFIG, *cache,
+    return [testutil.python(), '-m', 'bin.train', *_CONFIG, *cache,
             f'--output_dir={os.path.join(self.tmp, out)}', *extra]
 
   def test_two_workers_equal_single_process_then_errors_and_no_leftovers(self):
@@ -169,7 +160,7 @@ class WorkerFlagsTest(absltest.TestCase):
 
   def test_port_serves_loopback_said_from_the_sockets(self):
     port = portpicker.pick_unused_port()
-    proc = subprocess.Popen([_python(), '-m', 'bin.worker', f'--port={port}',
+    proc = subprocess.Popen([testutil.python(), '-m', 'bin.worker', f'--port={port}',
                              f'--log={os.path.join(self.tmp, "port.log")}'],
                             cwd=testutil.REPO_ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
@@ -204,7 +195,7 @@ class WorkerFlagsTest(absltest.TestCase):
                     'the test\'s own; unshare --user --net is not allowed here')
     port = portpicker.pick_unused_port()
     proc = subprocess.Popen(testutil.in_own_network(
-        [_python(), '-m', 'bin.worker', f'--port={port}', '--listen_all',
+        [testutil.python(), '-m', 'bin.worker', f'--port={port}', '--listen_all',
          f'--log={os.path.join(self.tmp, "all.log")}']),
                             cwd=testutil.REPO_ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -249,7 +240,7 @@ class WorkerLostTest(absltest.TestCase):
         'except tff_context.WorkerLostError as e:',
         '  print("LOST", round(time.monotonic() - t), e, flush=True)',
     ])
-    proc = subprocess.run([_python(), '-c', program], cwd=testutil.REPO_ROOT,
+    proc = subprocess.run([testutil.python(), '-c', program], cwd=testutil.REPO_ROOT,
                           capture_output=True, text=True, timeout=180)
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     self.assertIn('FIRST 9', proc.stdout)
