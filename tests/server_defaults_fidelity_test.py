@@ -8,6 +8,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app
+from absl import flags
 from absl.testing import absltest
 
 from bench.accuracy import server_defaults_fidelity as sdf
@@ -56,6 +57,10 @@ class ConfirmTest(absltest.TestCase):
   def test_moon_has_its_projection_head(self):
     self.assertEqual(sdf.make_config('moon', {}, seed=0).projection_dim, 256)
     self.assertEqual(sdf.make_config('fedavgm', {}, seed=0).projection_dim, 0)
+
+  def test_an_unknown_regularizer_is_refused_naming_the_choices(self):
+    with self.assertRaisesRegex(flags.IllegalFlagValueError, 'none.*feddecorr|feddecorr.*none'):
+      flags.FLAGS['regularizer'].parse('decorr')
 
   def test_set_values(self):
     self.assertEqual(sdf._parse_set(['fedexp_step_counters=false', 'fedadam_bn=average']),
