@@ -7,6 +7,10 @@ r"""Dimensional-collapse analysis of exported models: spectra CSV, JSON summary 
   .venv/bin/python -m bin.analyze --task=cifar10 --data_dir=../shared/data/tfds \
     --local_saved_model=runs/x/client0 --global_saved_model=runs/x --output_dir=analysis/lg
 
+  # add the nearest-class-mean probe (is a low accuracy the representation's or the head's?):
+  .venv/bin/python -m bin.analyze --task=cifar10 --data_dir=../shared/data/tfds \
+    --saved_model=runs/fedavg,runs/feddecorr --output_dir=analysis/cifar10 --probe
+
 Each --saved_model is a SavedModel directory or a run directory holding `export/saved_model`
 (contract in tff_decorr/run_files/export.py). The covariance of its representations over the task's
 test split
@@ -54,6 +58,12 @@ _BATCH_SIZE = flags.DEFINE_integer('batch_size', 256, 'Test batch size (memory o
                                    'the result).')
 _MAX_EXAMPLES = flags.DEFINE_integer(
     'max_examples', 0, 'Use only the first N test examples (0 = all); for quick looks only.')
+_PROBE = flags.DEFINE_bool(
+    'probe', False, 'Also the nearest-class-mean probe of each --saved_model: class means of its '
+    'representations over the task\'s train split (no augmentation), the accuracy of the nearest '
+    'mean on the test split, beside the head\'s accuracy and its predictions per class. Tells a '
+    'representation that lost the classes from a head that favours one (docs/analysis.md). Costs '
+    'one pass over the train split.')
 
 
 class FlagError(ValueError):
@@ -104,8 +114,13 @@ def analyze(models: Mapping[str, tuple[Any, dict]], dataset: Iterable, output_di
             local: Optional[tuple[Any, dict]] = None, global_: Optional[tuple[Any, dict]] = None,
             log10_tau: float = analysis.DEFAULT_LOG10_TAU, top: int = analysis.DEFAULT_TOP,
             gap_k: int = analysis.DEFAULT_TOP, max_examples: Optional[int] = None,
-            settings: Optional[Mapping[str, Any]] = None) -> dict[str, str]:
-  """Computes the spectra and writes the files; returns {kind: path} of what was written."""
+            settings: Optional[Mapping[str, Any]] = None,
+            probe: Optional[tuple[Iterable, int]] = None) -> dict[str, str]:
+  """Computes the spectra and writes the files; returns {kind: path} of what was written.
+
+  `probe`: (train dataset, number of classes) to add each model's nearest-class-mean probe
+  (analysis.nearest_class_mean_probe, over `dataset` as the test split) to its summary.
+  """
   if not models and local is None:
     raise FlagError('--saved_model: nothing to analyse; give --saved_model and/or the '
                     '--local_saved_model/--global_saved_model pair.')
@@ -127,6 +142,9 @@ def analyze(models: Mapping[str, tuple[Any, dict]], dataset: Iterable, output_di
     spectra[label] = sv
     summary['runs'][label] = dict(analysis.spectrum_summary(sv, log10_tau, top),
                                   examples=stats.count, metadata=_public(meta))
+    if probe is not None:
+      summary['runs'][label]['probe'] = analysis.nearest_class_mean_probe(
+          fn, probe[0], dataset, probe[1], max_examples)
   if spectra:
     written['spectra_csv'] = _write_spectra_csv(os.path.join(output_dir, 'spectra.csv'), spectra)
     written['spectra_png'] = plots.plot_spectra(spectra, os.path.join(output_dir, 'spectra.png'),
@@ -206,19 +224,27 @@ def _main() -> int:
       [(f, m) for f, m in (('--local_saved_model', local), ('--global_saved_model', global_)) if m],
       task)
   dataset = task.test_dataset(_DATA_DIR.value, _BATCH_SIZE.value)
+  probe = ((task.split_dataset('train', _DATA_DIR.value, _BATCH_SIZE.value), task.num_classes)
+           if _PROBE.value else None)
   written = analyze(
       models, dataset, _OUTPUT_DIR.value, local=local, global_=global_,
       log10_tau=_LOG10_TAU.value, top=_TOP.value, gap_k=_GAP_K.value,
       max_examples=_MAX_EXAMPLES.value or None,
       settings={'task': task.name, 'data_dir': _DATA_DIR.value,
                 'saved_model': _split(_SAVED_MODEL.value),
-                'local_saved_model': _LOCAL.value, 'global_saved_model': _GLOBAL.value})
+                'local_saved_model': _LOCAL.value, 'global_saved_model': _GLOBAL.value},
+      probe=probe)
   with open(written['summary_json']) as f:
     summary = json.load(f)
   for label, run in summary['runs'].items():
     print(f"{label}: effective_rank={run['effective_rank']:.2f} "
           f"num_significant(normalized)={run['num_significant_normalized']} "
           f"num_significant(absolute)={run['num_significant_absolute']} of {run['dim']}")
+    if 'probe' in run:
+      p = run['probe']
+      print(f"{label}: nearest_class_mean_accuracy={p['nearest_class_mean_accuracy']:.4f} "
+            f"head_accuracy={p['head_accuracy']:.4f} "
+            f"largest_predicted_class_share={p['largest_predicted_class_share']:.3f}")
   if 'local_global' in summary:
     print(f"local vs global: R={summary['local_global']['R']:.4g} (K={summary['local_global']['k']})")
   for kind, path in written.items():

@@ -60,7 +60,12 @@ class Task:
 
   def test_dataset(self, data_dir: Optional[str], batch_size: int = 256) -> tf.data.Dataset:
     """The test split, preprocessed without augmentation, batched (evaluation, analysis)."""
-    images, labels, _ = self._cached_split('test', data_dir)
+    return self.split_dataset('test', data_dir, batch_size)
+
+  def split_dataset(self, split: str, data_dir: Optional[str],
+                    batch_size: int = 256) -> tf.data.Dataset:
+    """A split ('train' or 'test'), preprocessed without augmentation, batched, in its order."""
+    images, labels, _ = self._cached_split(split, data_dir)
     ds = tf.data.Dataset.from_tensor_slices((images, labels.astype(np.int32)))
     return ds.batch(batch_size).map(lambda x, y: (self.preprocess(x), y))
 

@@ -185,6 +185,72 @@ class SpectrumTest(absltest.TestCase):
         p[0] * math.log(p[0]) + p[1] * math.log(p[1]) + p[2] * math.log(p[2]))), places=12)
 
 
+class ProbeTest(absltest.TestCase):
+  """analysis.nearest_class_mean_probe against a brute-force NumPy probe on known clusters."""
+
+  def setUp(self):
+    super().setUp()
+    rng = np.random.default_rng(3)
+    # 4 classes; class 3 has no train example. Centres of unequal norms, so dropping a mean's
+    # squared norm from the distance changes the answer; spread wide enough that some test points
+    # sit nearer another class's mean.
+    centres = np.array([[0.0, 0, 0, 0], [3, 0, 0, 0], [0, 6, 1, 0], [1, 1, 1, 1]])
+    self.train_y = rng.choice(3, size=61)
+    self.test_y = rng.choice(4, size=37)
+    self.train_z = centres[self.train_y] + rng.normal(scale=1.6, size=(61, 4))
+    self.test_z = centres[self.test_y] + rng.normal(scale=1.6, size=(37, 4))
+    self.w = rng.normal(size=(4, 4))  # The "head": logits = z W.
+
+  def fn(self, images):  # The images are the representations themselves.
+    z = tf.convert_to_tensor(images, tf.float32)
+    return {'representation': z, 'logits': tf.matmul(z, tf.constant(self.w, tf.float32))}
+
+  def data(self, z, y, batch):
+    return tf.data.Dataset.from_tensor_slices((z.astype(np.float32), y)).batch(batch)
+
+  def test_equals_brute_force_numpy(self):
+    got = analysis.nearest_class_mean_probe(self.fn, self.data(self.train_z, self.train_y, 7),
+                                            self.data(self.test_z, self.test_y, 5), 4)
+    train = self.train_z.astype(np.float32).astype(np.float64)
+    test = self.test_z.astype(np.float32).astype(np.float64)
+    means = np.stack([train[self.train_y == c].mean(0) for c in range(3)])
+    dist = np.linalg.norm(test[:, None, :] - means[None], axis=2)
+    want_probe = np.mean(dist.argmin(1) == self.test_y)
+    head = (test @ self.w.astype(np.float32).astype(np.float64)).argmax(1)
+    self.assertAlmostEqual(got['nearest_class_mean_accuracy'], want_probe, places=12)
+    self.assertAlmostEqual(got['head_accuracy'], np.mean(head == self.test_y), places=12)
+    self.assertEqual(got['head_predictions_per_class'], np.bincount(head, minlength=4).tolist())
+    self.assertAlmostEqual(got['largest_predicted_class_share'],
+                           np.bincount(head, minlength=4).max() / 37)
+    self.assertEqual((got['train_examples'], got['test_examples']), (61, 37))
+    self.assertEqual(got['classes_without_train_examples'], [3])
+    # The data make the probe informative and imperfect, so the check above has teeth.
+    self.assertTrue(0.4 < want_probe < 1.0, want_probe)
+
+  def test_max_examples_caps_each_split(self):
+    got = analysis.nearest_class_mean_probe(self.fn, self.data(self.train_z, self.train_y, 7),
+                                            self.data(self.test_z, self.test_y, 5), 4,
+                                            max_examples=20)
+    train, test = self.train_z[:20], self.test_z[:20]
+    present = sorted(set(self.train_y[:20].tolist()))
+    means = np.stack([train[self.train_y[:20] == c].mean(0) for c in present])
+    nearest = np.array(present)[np.linalg.norm(test[:, None] - means[None], axis=2).argmin(1)]
+    self.assertEqual((got['train_examples'], got['test_examples']), (20, 20))
+    self.assertAlmostEqual(got['nearest_class_mean_accuracy'],
+                           np.mean(nearest == self.test_y[:20]), places=12)
+
+  def test_bad_input(self):
+    train, test = self.data(self.train_z, self.train_y, 7), self.data(self.test_z, self.test_y, 5)
+    with self.assertRaisesRegex(ValueError, 'labels outside'):
+      analysis.nearest_class_mean_probe(self.fn, train, test, 3)  # Test labels include 3.
+    with self.assertRaisesRegex(ValueError, 'num_classes'):
+      analysis.nearest_class_mean_probe(self.fn, train, test, 1)
+    with self.assertRaisesRegex(ValueError, 'labelled data'):
+      analysis.nearest_class_mean_probe(self.fn, train.map(lambda x, y: x), test, 4)
+    with self.assertRaisesRegex(ValueError, 'logits'):
+      analysis.nearest_class_mean_probe(lambda x: {'representation': x}, train, test, 4)
+
+
 class PlotsTest(absltest.TestCase):
 
   def _assert_png(self, path):
@@ -246,7 +312,8 @@ class SavedModelTest(absltest.TestCase):
     self.assertEqual(list(models), ['run_a', 'model_b'])
     out = os.path.join(self.tmp, 'out')
     written = analyze.analyze(models, self.dataset, out, local=models['model_b'],
-                              global_=models['run_a'], log10_tau=-2.0, top=4, gap_k=5)
+                              global_=models['run_a'], log10_tau=-2.0, top=4, gap_k=5,
+                              probe=(self.dataset, _NUM_CLASSES))
     for kind in ['spectra_png', 'local_vs_global_png']:
       with open(written[kind], 'rb') as f:
         self.assertEqual(f.read(8), _PNG_MAGIC)
@@ -265,6 +332,16 @@ class SavedModelTest(absltest.TestCase):
     self.assertLen(run['top'], 4)
     p = expected_sv[expected_sv > 1e-12 * expected_sv[0]] / expected_sv.sum()
     self.assertAlmostEqual(run['effective_rank'], math.exp(-np.sum(p * np.log(p))), places=4)
+    # The probe through the SavedModel: the Keras model's own outputs, in NumPy.
+    out_a = self.model(self.images, training=False)
+    reps = out_a['representation'].numpy().astype(np.float64)
+    labels = np.arange(50) % _NUM_CLASSES
+    means = np.stack([reps[labels == c].mean(0) for c in range(_NUM_CLASSES)])
+    nearest = np.linalg.norm(reps[:, None] - means[None], axis=2).argmin(1)
+    self.assertAlmostEqual(run['probe']['nearest_class_mean_accuracy'], np.mean(nearest == labels))
+    head = out_a['logits'].numpy().argmax(1)
+    self.assertAlmostEqual(run['probe']['head_accuracy'], np.mean(head == labels))
+    self.assertIn('probe', summary['runs']['model_b'])
     lg = summary['local_global']
     self.assertEqual(lg['k'], 5)
     sv_b = np.array([float(r[2]) for r in rows[1:]])

@@ -255,10 +255,21 @@ class TrainTest(absltest.TestCase):
     analysis_dir = os.path.join(self.tmp, 'analysis')
     proc = testutil.run_module('bin.analyze', f'--saved_model={out},{self.ref_dir}',
                                '--task=digits', f'--local_saved_model={local}',
-                               f'--global_saved_model={out}', f'--output_dir={analysis_dir}')
+                               f'--global_saved_model={out}', f'--output_dir={analysis_dir}',
+                               '--probe')
     self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
     for name in ('spectra.csv', 'summary.json', 'spectra.png', 'local_vs_global.png'):
       self.assertGreater(os.path.getsize(os.path.join(analysis_dir, name)), 100, name)
+    # The probe's head accuracy is the exported model's test accuracy, which the trainer measured
+    # on its own (the Keras model in the training program): one example's tie apart.
+    with open(os.path.join(analysis_dir, 'summary.json')) as f:
+      probe = json.load(f)['runs']['collapse']['probe']
+    with open(os.path.join(out, 'summary.json')) as f:
+      trained = json.load(f)
+    self.assertAlmostEqual(probe['head_accuracy'], trained['final_test_accuracy'],
+                           delta=1.5 / probe['test_examples'])
+    self.assertEqual(sum(probe['head_predictions_per_class']), probe['test_examples'])
+    self.assertGreater(probe['nearest_class_mean_accuracy'], 0.1)  # 10 classes; chance is 0.1.
 
   def test_evaluate_refuses_model_of_another_task(self):
     proc = testutil.run_module('bin.evaluate', f'--saved_model={self.ref_dir}', '--task=cifar10')

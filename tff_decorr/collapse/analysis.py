@@ -318,3 +318,98 @@ def spectrum_summary(sv: Any, log10_tau: float = DEFAULT_LOG10_TAU,
       'top': [float(x) for x in head],
       'top_log10': [float(np.log10(x)) if x > 0 else None for x in head],
   }
+
+
+def _outputs_of(fn: Callable[[tf.Tensor], Any], images: Any, need_logits: bool) -> dict:
+  outputs = fn(images)
+  keys = ('representation', 'logits') if need_logits else ('representation',)
+  if not isinstance(outputs, dict) or not all(k in outputs for k in keys):
+    kind = sorted(outputs) if isinstance(outputs, dict) else type(outputs).__name__
+    raise ValueError(f'the model must return a dict with keys {list(keys)}; got {kind}.')
+  return outputs
+
+
+def _labels_of(element: Any) -> np.ndarray:
+  if isinstance(element, dict) and 'label' in element:
+    labels = element['label']
+  elif isinstance(element, (tuple, list)) and len(element) >= 2:
+    labels = element[1]
+  else:
+    raise ValueError('the probe needs labelled data: yield (images, labels) or a dict with '
+                     '"images" and "label".')
+  return np.asarray(labels.numpy() if hasattr(labels, 'numpy') else labels).astype(np.int64)
+
+
+def nearest_class_mean_probe(model_or_fn: Any, train_dataset: Iterable, test_dataset: Iterable,
+                             num_classes: int, max_examples: Optional[int] = None) -> dict[str, Any]:
+  """What the representation knows apart from the classifier head, on the test split.
+
+  The nearest-class-mean probe: the mean representation of each class over `train_dataset`; each
+  test example is given the class whose mean is nearest (Euclidean). No parameter is fitted, so
+  the probe cannot learn what the representation does not hold. Beside it, on the same test
+  examples, the model's own head (argmax of its logits) and how the head's predictions spread over
+  the classes: a global model that puts one class on most of the test set (a biased head) can have
+  a representation that separates the classes, and only the two numbers together tell which is
+  which. Classes without a train example have no mean and are never predicted by the probe.
+
+  Returns plain Python numbers: nearest_class_mean_accuracy, head_accuracy,
+  head_predictions_per_class (counts), largest_predicted_class_share, train_examples,
+  test_examples, classes_without_train_examples. `max_examples` caps each split (quick looks).
+  """
+  if not isinstance(num_classes, (int, np.integer)) or num_classes < 2:
+    raise ValueError(f'num_classes must be an integer >= 2; got {num_classes!r}.')
+  if max_examples is not None and max_examples <= 0:
+    raise ValueError(f'max_examples must be positive or None; got {max_examples}.')
+  fn = as_representation_fn(model_or_fn)
+
+  def batches(dataset, need_logits):
+    seen = 0
+    for element in dataset:
+      images, labels = _images_of(element), _labels_of(element)
+      if max_examples is not None:
+        if seen >= max_examples:
+          return
+        images, labels = images[:max_examples - seen], labels[:max_examples - seen]
+      seen += len(labels)
+      if np.any((labels < 0) | (labels >= num_classes)):
+        raise ValueError(f'labels outside [0, {num_classes}); is num_classes the task\'s?')
+      yield _outputs_of(fn, images, need_logits), labels
+
+  sums, counts = None, np.zeros(num_classes, np.int64)
+  for outputs, labels in batches(train_dataset, need_logits=False):
+    z = _as_float64_matrix(outputs['representation'], 'representation')
+    if sums is None:
+      sums = np.zeros((num_classes, z.shape[1]), np.float64)
+    np.add.at(sums, labels, z)
+    counts += np.bincount(labels, minlength=num_classes)
+  if sums is None or counts.sum() == 0:
+    raise ValueError('train_dataset yielded no examples; the probe needs class means.')
+  present = counts > 0
+  means = sums[present] / counts[present, None]
+  classes = np.flatnonzero(present)
+  # ||z - m||^2 = ||z||^2 - 2 z.m + ||m||^2; ||z||^2 is the same for every class of a row.
+  mean_sq = np.sum(means * means, axis=1)
+
+  probe_hits = head_hits = total = 0
+  predicted = np.zeros(num_classes, np.int64)
+  for outputs, labels in batches(test_dataset, need_logits=True):
+    z = _as_float64_matrix(outputs['representation'], 'representation')
+    nearest = classes[np.argmin(mean_sq[None, :] - 2.0 * z @ means.T, axis=1)]
+    logits = np.asarray(outputs['logits'].numpy() if hasattr(outputs['logits'], 'numpy')
+                        else outputs['logits'])
+    head = np.argmax(logits, axis=1)
+    probe_hits += int(np.sum(nearest == labels))
+    head_hits += int(np.sum(head == labels))
+    predicted += np.bincount(head, minlength=num_classes)
+    total += len(labels)
+  if total == 0:
+    raise ValueError('test_dataset yielded no examples; nothing to probe.')
+  return {
+      'nearest_class_mean_accuracy': probe_hits / total,
+      'head_accuracy': head_hits / total,
+      'head_predictions_per_class': [int(c) for c in predicted],
+      'largest_predicted_class_share': float(predicted.max() / total),
+      'train_examples': int(counts.sum()),
+      'test_examples': int(total),
+      'classes_without_train_examples': [int(c) for c in np.flatnonzero(~present)],
+  }
