@@ -4,15 +4,30 @@ code's defaults at the fidelity setting (the HParams' own values, independently 
 
 import os
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app
 from absl import flags
 from absl.testing import absltest
+import numpy as np
+import tensorflow as tf
 
 from bench.accuracy import server_defaults_fidelity as sdf
 from tff_decorr import algorithms
+
+
+class _Serving(tf.Module):
+  """The export contract: the representation is the input, the logits it plus a bias."""
+
+  def __init__(self, bias):
+    super().__init__()
+    self.bias = tf.constant(bias, tf.float32)
+
+  @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name='images')])
+  def serve(self, images):
+    return {'representation': images, 'logits': images + self.bias}
 
 
 class ConfirmTest(absltest.TestCase):
@@ -61,6 +76,45 @@ class ConfirmTest(absltest.TestCase):
   def test_an_unknown_regularizer_is_refused_naming_the_choices(self):
     with self.assertRaisesRegex(flags.IllegalFlagValueError, 'none.*feddecorr|feddecorr.*none'):
       flags.FLAGS['regularizer'].parse('decorr')
+
+  def test_probe_reads_each_runs_exported_model(self):
+    # Two "runs" whose exported models' representation is the input itself and whose logits
+    # favour class 0 by a margin; the probe and the effective rank checked against NumPy.
+    rng = np.random.default_rng(0)
+    centres = np.array([[0.0, 0, 0], [4, 0, 0], [0, 4, 0]])
+    train_y, test_y = rng.choice(3, 40), rng.choice(3, 30)
+    train_x = (centres[train_y] + rng.normal(size=(40, 3))).astype(np.float32)
+    test_x = (centres[test_y] + rng.normal(size=(30, 3))).astype(np.float32)
+    root = tempfile.mkdtemp()
+    runs = []
+    for i, bias in enumerate(([9.0, 0, 0], [0.0, 0, 0])):
+      module = _Serving(bias)
+      run = os.path.join(root, f's{i}')
+      tf.saved_model.save(module, os.path.join(run, 'export', 'saved_model'),
+                          signatures={'serving_default': module.serve})
+      runs.append(run)
+
+    class Task:
+      num_classes = 3
+
+      def test_dataset(self, data_dir):
+        return tf.data.Dataset.from_tensor_slices((test_x, test_y)).batch(8)
+
+      def split_dataset(self, split, data_dir):
+        assert split == 'train'
+        return tf.data.Dataset.from_tensor_slices((train_x, train_y)).batch(8)
+
+    got = sdf.probe_runs(runs, Task(), root)
+    means = np.stack([train_x[train_y == c].astype(np.float64).mean(0) for c in range(3)])
+    nearest = np.linalg.norm(test_x[:, None] - means[None], axis=2).argmin(1)
+    self.assertEqual(got['nearest_class_mean_accuracy'], [np.mean(nearest == test_y)] * 2)
+    head = [(test_x + np.array(b)).argmax(1) for b in ([9.0, 0, 0], [0.0, 0, 0])]
+    self.assertEqual(got['head_accuracy'], [np.mean(h == test_y) for h in head])
+    self.assertEqual(got['largest_predicted_class_share'][0], 1.0)  # The biased head: class 0.
+    eig = np.clip(np.linalg.eigvalsh(np.cov(test_x.astype(np.float64).T, bias=True)), 0, None)
+    p = eig / eig.sum()
+    np.testing.assert_allclose(got['effective_rank'], [np.exp(-np.sum(p * np.log(p)))] * 2,
+                               rtol=1e-6)
 
   def test_set_values(self):
     self.assertEqual(sdf._parse_set(['fedexp_step_counters=false', 'fedadam_bn=average']),

@@ -18,6 +18,14 @@ FedAvg's mean minus 3 points.
 pairs, each baseline as a user gets it by default with and without FedDecorr (docs/benchmarks.md
 §6). Its cells are keyed apart from the regulariser-free ones.
 
+`--probe` adds, for each run, bin.analyze's nearest-class-mean probe and effective rank of its
+exported global model (docs/analysis.md): whether a low test accuracy is the representation's or
+the head's. Finished runs are read back, not trained again, so it can follow the training:
+
+  .venv/bin/python -m bench.accuracy.server_defaults_fidelity --algorithms=fedavg,moon --probe
+  .venv/bin/python -m bench.accuracy.server_defaults_fidelity --algorithms=fedavg,moon --probe \
+      --regularizer=feddecorr
+
 `--set` runs another form instead of the defaults (any bin/train component flag, e.g. the
 reference's: `--set=fedadam_bn=reference,fedadam_server_lr=0.01`); its cells are keyed by what they
 resolved to, so they never mix with the defaults' cells. Finished runs are reused (bin/train
@@ -31,6 +39,7 @@ import hashlib
 import json
 import os
 import shlex
+import statistics
 import sys
 import time
 from typing import Any, Dict, Sequence
@@ -58,11 +67,17 @@ flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds.')
 flags.DEFINE_integer('rounds', bench_settings.FIDELITY['rounds'], 'Rounds a run.')
 flags.DEFINE_list('set', [], 'Component settings by flag name (name=value) given to every run '
                   'of an algorithm they belong to, instead of its defaults.')
+flags.DEFINE_bool('probe', False, 'Also each run\'s nearest-class-mean probe and effective rank '
+                  '(bin.analyze --probe) of its exported global model, into the cell.')
 flags.DEFINE_enum('runtime', 'tf', ['tf', 'tff'], 'Runtime (bench.accuracy.server_defaults\'s).')
 flags.DEFINE_string('data_dir', _common.DEFAULT_DATA_DIR, 'TFDS data dir holding cifar10.')
 flags.DEFINE_string('output_dir', '/tmp/tff_decorr_server_defaults_fidelity', 'Where the runs go.')
 flags.DEFINE_string('output', os.path.join(_common.ROOT, 'bench', 'results',
                                            'server_defaults_fidelity.json'), 'Results JSON.')
+
+
+def _std(values: Sequence[float]) -> float:
+  return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def _parse_set(items: Sequence[str]) -> Dict[str, str]:
@@ -129,6 +144,24 @@ def run_cell(name: str, extra: Dict[str, Any], seeds: Sequence[int],
           **_common.run_seeds(configs, name, after=tff_context.stop_all)}
 
 
+def probe_runs(run_dirs: Sequence[str], task, data_dir: str) -> Dict[str, Any]:
+  """bin.analyze's nearest-class-mean probe and effective rank of each run's exported global model
+  (lists, one entry a run; accuracies as fractions)."""
+  from tff_decorr.collapse import analysis  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run_files import export  # pylint: disable=g-import-not-at-top
+  test = task.test_dataset(data_dir)
+  train = task.split_dataset('train', data_dir)
+  out = {k: [] for k in ('nearest_class_mean_accuracy', 'head_accuracy', 'effective_rank',
+                         'largest_predicted_class_share')}
+  for run_dir in run_dirs:
+    fn, _ = export.load_serving(run_dir)
+    probe = analysis.nearest_class_mean_probe(fn, train, test, task.num_classes)
+    sv = analysis.singular_values(analysis.representation_covariance(fn, test))
+    for key in out:
+      out[key].append(analysis.effective_rank(sv) if key == 'effective_rank' else probe[key])
+  return out
+
+
 def main(argv):
   del argv
   unknown = [a for a in FLAGS.algorithms if a not in ALGORITHMS]
@@ -147,8 +180,20 @@ def main(argv):
     extra = {k: _typed(v) for k, v in given.items() if k.startswith(f'{name}_')}
     print(f'{name}{" " + str(extra) if extra else " (defaults)"}, regularizer '
           f'{FLAGS.regularizer}:', flush=True)
+    configs = [make_config(name, extra, seed, FLAGS.regularizer) for seed in seeds]
+    finished = [os.path.exists(os.path.join(c.output_dir, 'summary.json')) for c in configs]
     cell = run_cell(name, extra, seeds, FLAGS.regularizer)
     key = cell_key(name, cell['settings'], FLAGS.regularizer)
+    old = report['cells'].get(key, {})
+    for i, seed in enumerate(seeds):  # A run read back keeps the training time it was stored with.
+      if finished[i] and seed in old.get('seeds', []):
+        cell['seconds'][i] = old['seconds'][old['seeds'].index(seed)]
+    if FLAGS.probe:
+      from tasks import registry  # pylint: disable=g-import-not-at-top
+      cell['probe'] = probe_runs([c.output_dir for c in configs], registry.get(configs[0].task),
+                                 os.path.abspath(FLAGS.data_dir))
+    elif 'probe' in old and old['seeds'] == cell['seeds']:
+      cell['probe'] = old['probe']
     cell['form'] = 'set' if extra else 'default'
     report['cells'][key] = cell
     done.append(key)
@@ -164,16 +209,22 @@ def main(argv):
   bar = 100.0 * fedavg[0]['mean'] - 3.0 if fedavg else None
   print(f'\nfinal test accuracy % after {FLAGS.rounds} rounds at the fidelity setting, mean ± std '
         f'over seeds {",".join(map(str, seeds))}' + (f'; bar (FedAvg - 3): {bar:.2f}' if bar else ''))
-  print('| algorithm | regularizer | form | settings | accuracy | above the bar |')
-  print('| --- | --- | --- | --- | --- | --- |')
+  probe = ' probe % | effective rank |' if FLAGS.probe else ''
+  print('| algorithm | regularizer | form | settings | accuracy | above the bar |' + probe)
+  print('| --- | --- | --- | --- | --- | --- |' + (' --- | --- |' if FLAGS.probe else ''))
   for key in done:
     c = report['cells'][key]
     above = '-' if bar is None or c['algorithm'] == 'fedavg' else (
         'yes' if 100.0 * c['mean'] > bar else 'no')
     settings = ', '.join(f'{k}={v}' for k, v in sorted(c['settings'].items())) or '-'
-    print(f'| {c["algorithm"]} | {c.get("regularizer", "none")} | {c["form"]} | {settings} | '
-          f'{100 * c["mean"]:.2f} ± '
-          f'{100 * c["std"]:.2f} | {above} |')
+    row = (f'| {c["algorithm"]} | {c.get("regularizer", "none")} | {c["form"]} | {settings} | '
+           f'{100 * c["mean"]:.2f} ± {100 * c["std"]:.2f} | {above} |')
+    if FLAGS.probe:
+      ncm = [100 * a for a in c['probe']['nearest_class_mean_accuracy']]
+      rank = c['probe']['effective_rank']
+      row += (f' {statistics.mean(ncm):.2f} ± {_std(ncm):.2f} | '
+              f'{statistics.mean(rank):.2f} ± {_std(rank):.2f} |')
+    print(row)
   print(f'wrote {FLAGS.output}')
 
 
