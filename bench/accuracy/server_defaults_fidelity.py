@@ -131,12 +131,12 @@ def resolved_settings(config, name: str) -> Dict[str, Any]:
   return json.loads(json.dumps(hp.to_dict() if hp is not None else {}, default=str))
 
 
-def run_cell(name: str, extra: Dict[str, Any], seeds: Sequence[int],
+def run_cell(name: str, extra: Dict[str, Any], configs: Sequence[Any],
              regularizer: str = 'none') -> Dict[str, Any]:
-  """Trains the cell once a seed (finished runs are read back); its results (accuracy as a
-  fraction, as bench.accuracy.server_defaults's)."""
+  """Trains the cell's runs (`configs`, one a seed, from make_config; finished runs are read
+  back); its results (accuracy as a fraction, as bench.accuracy.server_defaults's)."""
   from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
-  configs = [make_config(name, extra, seed, regularizer) for seed in seeds]
+  seeds = [c.seed for c in configs]
   return {'algorithm': name, 'settings': resolved_settings(configs[0], name),
           'regularizer': regularizer, 'set': {k: str(v) for k, v in extra.items()},
           'seeds': list(seeds),
@@ -182,7 +182,7 @@ def main(argv):
           f'{FLAGS.regularizer}:', flush=True)
     configs = [make_config(name, extra, seed, FLAGS.regularizer) for seed in seeds]
     finished = [os.path.exists(os.path.join(c.output_dir, 'summary.json')) for c in configs]
-    cell = run_cell(name, extra, seeds, FLAGS.regularizer)
+    cell = run_cell(name, extra, configs, FLAGS.regularizer)
     key = cell_key(name, cell['settings'], FLAGS.regularizer)
     old = report['cells'].get(key, {})
     for i, seed in enumerate(seeds):  # A run read back keeps the training time it was stored with.
