@@ -11,8 +11,6 @@ saved, so bin/report gives the spectra at rounds 10, 20, 30 and the local-vs-glo
   .venv/bin/python -m bench.accuracy.reproduction --sides=reference --seeds=0    # its main.py
   .venv/bin/python -m bench.accuracy.reproduction --figures           # from the committed files
 
-(`python -m bench.reproduction`, the name long runs were started with, runs this module too.)
-
 Each finished run is archived at once into bench/results/reproduction/alpha<alpha>/ (bin/report
 --archive_dir: config, summary, metrics.csv and spectra.json a run; the reference's JSON under
 reference/), so the study survives losing the machine: the same command on another machine skips
@@ -282,8 +280,123 @@ def _late_rounds_table(runs, path: str) -> None:
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, 'w') as f:
     f.write('\n'.join(lines) + '\n\nTest accuracy (%) of the global model; written by '
-            '`python -m bench.reproduction --figures` from the committed archive.\n')
+            '`python -m bench.accuracy.reproduction --figures` from the committed archive.\n')
   print(f'wrote {path}')
+
+
+MEASURES = (('final', 'final test accuracy (%)'), ('best', 'best test accuracy (%)'),
+            ('late', 'mean test accuracy of the last third of the rounds (%)'),
+            ('rank', 'effective rank of the global representation at the last round'))
+
+
+def seed_measures(runs) -> dict:
+  """{method: {seed: {measure: value}}} of the finished project runs (accuracies in %)."""
+  from tff_decorr.collapse import analysis  # pylint: disable=g-import-not-at-top
+  from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
+  from tff_decorr.studies import run_spectra  # pylint: disable=g-import-not-at-top
+  out = {}
+  for r in runs:
+    x, y = report.read_curve(r.path)
+    if not y.size:
+      continue
+    total = int(r.flags.get('rounds', x[-1]))
+    first = total - total // 3 + 1
+    values = {'final': 100 * float(y[-1]), 'best': 100 * float(y.max()),
+              'late': 100 * float(np.mean(y[x >= first]))}
+    spectra = run_spectra.read(r.path)
+    if spectra and spectra['global']:
+      values['rank'] = analysis.effective_rank(spectra['global'][max(spectra['global'])])
+    out.setdefault(r.flags.get('regularizer'), {})[r.flags.get('seed', '?')] = values
+  return out
+
+
+def effects_markdown(runs) -> str:
+  """The paired comparison of FedAvg + FedDecorr with FedAvg over the seeds both finished: per
+  measure, each method's mean ± std, the mean difference with its 95 % interval, the paired
+  t-test, the exact sign-flip test and the wins; then each seed's differences."""
+  from bench.accuracy import paired  # pylint: disable=g-import-not-at-top
+  by = seed_measures(runs)
+  base, other = (by.get(m, {}) for m in METHODS)
+  seeds = sorted(set(base) & set(other), key=int)
+  if not seeds:
+    return 'No seed has both methods finished yet.\n'
+  total = settings.REPRODUCTION['rounds']
+  first = total - total // 3 + 1
+  lines = [f'Seeds {", ".join(seeds)} (n = {len(seeds)}), each running both methods; differences '
+           f'are FedAvg + FedDecorr minus FedAvg, paired by seed. "Last third" is rounds '
+           f'{first}-{total}.', '',
+           '| measure | FedAvg | FedAvg + FedDecorr | difference | 95 % interval | paired t '
+           '(df) | p (t) | p (sign-flip, exact) | FedDecorr ahead |', '|---' * 9 + '|']
+  per_seed = []
+  for key, label in MEASURES:
+    if not all(key in base[s] and key in other[s] for s in seeds):
+      continue
+    a = [base[s][key] for s in seeds]
+    b = [other[s][key] for s in seeds]
+    e = paired.paired_effect(a, b)
+    def ms(v):
+      return f'{np.mean(v):.2f} ± {np.std(v, ddof=1):.2f}' if len(v) > 1 else f'{v[0]:.2f}'
+    lines.append(f'| {label} | {ms(a)} | {ms(b)} | {e.mean:+.2f} | '
+                 f'[{e.ci95[0]:+.2f}, {e.ci95[1]:+.2f}] | {e.t:.2f} ({e.n - 1}) | {e.p_t:.3f} | '
+                 f'{e.p_sign_flip:.3f} | {e.wins} of {e.n} |')
+    per_seed.append(f'| {label} | ' + ' | '.join(f'{d:+.2f}' for d in e.differences) + ' |')
+  lines += ['', '| per seed: difference | ' + ' | '.join(f'seed {s}' for s in seeds) + ' |',
+            '|---' * (len(seeds) + 1) + '|', *per_seed, '',
+            'Written by `python -m bench.accuracy.reproduction --figures` from the committed '
+            'archive (bench/accuracy/paired.py: t-test with n - 1 degrees of freedom; the '
+            'sign-flip test counts all 2^n sign patterns of the differences).']
+  return '\n'.join(lines) + '\n'
+
+
+def readme_table(runs) -> str:
+  """The README's first-screen table: each method's mean ± std over the finished seeds (final,
+  best, last third), the paired difference with its 95 % interval, and the reference's runs."""
+  from bench.accuracy import paired  # pylint: disable=g-import-not-at-top
+  by = seed_measures(runs)
+  base, other = (by.get(m, {}) for m in METHODS)
+  seeds = sorted(set(base) & set(other), key=int)
+  total = settings.REPRODUCTION['rounds']
+  first = total - total // 3 + 1
+  lines = ['| test accuracy (%) | FedAvg | FedAvg + FedDecorr | gain [95 % interval] | p (paired t) |',
+           '|---|---|---|---|---|']
+  names = {'final': 'final', 'best': 'best', 'late': f'mean of rounds {first}-{total}'}
+  for key in ('final', 'best', 'late'):
+    if len(seeds) < 2:
+      break
+    a = [base[s][key] for s in seeds]
+    b = [other[s][key] for s in seeds]
+    e = paired.paired_effect(a, b)
+    lines.append(f'| this project, seeds {",".join(seeds)}: {names[key]} | '
+                 f'{np.mean(a):.2f} ± {np.std(a, ddof=1):.2f} | '
+                 f'{np.mean(b):.2f} ± {np.std(b, ddof=1):.2f} | '
+                 f'{e.mean:+.2f} [{e.ci95[0]:+.2f}, {e.ci95[1]:+.2f}] | {e.p_t:.2f} |')
+  ref = {m: {seed: y for seed, _, y, finished in c if finished}
+         for m, c in _reference_curves().items()}
+  for seed in sorted(set(ref.get('none', {})) & set(ref.get('feddecorr', {})), key=int):
+    a, b = (100 * float(np.mean(ref[m][seed][first - 1:])) for m in METHODS)
+    lines.append(f'| the reference\'s main.py, seed {seed}: mean of rounds {first}-{total} | '
+                 f'{a:.2f} | {b:.2f} | {b - a:+.2f} | — |')
+  return '\n'.join(lines) + '\n'
+
+
+BEGIN = '<!-- {name}: generated by python -m bench.accuracy.reproduction --figures -->'
+END = '<!-- {name}: end -->'
+
+
+def replace_block(path: str, name: str, text: str) -> bool:
+  """Replaces what lies between the BEGIN and END markers named `name` in `path` by `text`;
+  False (and nothing written) when the file has no such markers."""
+  begin, end = BEGIN.format(name=name), END.format(name=name)
+  with open(path) as f:
+    doc = f.read()
+  i, j = doc.find(begin), doc.find(end)
+  if i < 0 or j < i:
+    return False
+  new = doc[:i + len(begin)] + '\n' + text + doc[j:]
+  if new != doc:
+    with open(path, 'w') as f:
+      f.write(new)
+  return True
 
 
 def _figures() -> None:
@@ -326,6 +439,16 @@ def _figures() -> None:
       panel.append({'label': f'{LABELS[method]}, reference seed {seed}{status}', 'color': f'C{k}',
                     'x': x, 'y': y, 'linestyle': '--'})
   _late_rounds_table(runs, os.path.join(docs, 'late_rounds.md'))
+  effects = effects_markdown(runs)
+  with open(os.path.join(docs, 'effects.md'), 'w') as f:
+    f.write(effects)
+  print(f'wrote {os.path.join(docs, "effects.md")}')
+  if variant() == 'alpha0.05':  # The setting the README and docs/reproduction.md present.
+    for path, name, text in (('README.md', 'reproduction-table', readme_table(runs)),
+                             (os.path.join('docs', 'reproduction.md'), 'reproduction-effects',
+                              effects)):
+      print(f'{path}: block {name} ' + ('updated' if replace_block(path, name, text)
+                                        else 'not found (no markers): left as it is'))
   path = os.path.join(docs, 'curves.png')
   plots.plot_curves({f'CIFAR-10, ResNet20, alpha {_ALPHA.value}, E={_LOCAL_EPOCHS.value}': panel},
                     path, formats=('png',))
