@@ -28,6 +28,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import time
 
 import numpy as np
@@ -120,8 +121,48 @@ def _snapshot() -> None:
       os.makedirs(dest, exist_ok=True)
       for f in ('metrics.csv', 'config.json'):
         shutil.copyfile(os.path.join(runs, name, f), os.path.join(dest, f))
+      pack(os.path.join(runs, name), os.path.join(dest, RESUME_PACK))
       print(f'in progress: {name} -> {dest}', flush=True)
   _snapshot_reference()
+
+
+# A run cut short on one machine resumes on another from this: the run directory with only its
+# newest checkpoint (about 1.5 MB for ResNet20), committed beside the run's metrics.csv.
+RESUME_PACK = 'resume.tar.gz'
+
+
+def pack(run_path: str, dest: str) -> None:
+  """Writes run_path as a tar.gz, keeping of checkpoints/ only the newest round's files."""
+  ckpt = os.path.join(run_path, 'checkpoints')
+  rounds = [int(n[len('round_'):]) for n in os.listdir(ckpt)
+            if n.startswith('round_') and n[len('round_'):].isdigit()] if os.path.isdir(ckpt) else []
+  keep = {f'round_{max(rounds)}', f'client_states_{max(rounds)}.json'} if rounds else set()
+  def only_newest(info):
+    parts = info.name.split('/')
+    if len(parts) > 1 and parts[1] == 'checkpoints' and len(parts) > 2 and parts[2] not in keep:
+      return None
+    return info
+  with tarfile.open(dest + '.tmp', 'w:gz') as tar:
+    tar.add(run_path, arcname=os.path.basename(run_path), filter=only_newest)
+  os.replace(dest + '.tmp', dest)
+
+
+def unpack_resume_packs(archive: str, runs: str) -> None:
+  """Puts each in-progress run committed in `archive` back into the study's `runs` folder, unless
+  the study has it already or the archive holds it finished; tarfile's 'data' filter refuses
+  links, devices and paths outside."""
+  folder = os.path.join(archive, 'in_progress')
+  for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+    path = os.path.join(folder, name, RESUME_PACK)
+    if (not os.path.exists(path) or os.path.exists(os.path.join(runs, name))
+        or os.path.exists(os.path.join(archive, 'runs', name))):
+      continue
+    os.makedirs(runs, exist_ok=True)
+    with tarfile.open(path) as tar:
+      if any(m.name.split('/')[0] != name for m in tar.getmembers()):
+        raise SystemExit(f'{path}: holds files outside {name}/; not unpacked.')
+      tar.extractall(runs, filter='data')
+    print(f'resuming {name} from {path}', flush=True)
 
 
 def _snapshot_reference() -> None:
@@ -153,6 +194,7 @@ def _project(seeds) -> None:
             '--runtime=tf', '--eval_every=1', f'--export_every={10}', '--save_local_models=0',
             f'--save_local_rounds={settings.REPRODUCTION["rounds"]}']
   done_before = _archived_seeds()
+  unpack_resume_packs(archive_dir(), os.path.join(study, 'runs'))
   for i, seed in enumerate(seeds):
     if all((m, seed) in done_before for m in METHODS):
       print(f'seed {seed}: both methods already archived in {archive_dir()}', flush=True)
