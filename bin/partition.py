@@ -20,7 +20,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top  (before TF)
 if __name__ == '__main__':
   tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
-from tff_decorr.configs import deprecated_flags  # pylint: disable=g-import-not-at-top
 
 # Imported before app.run for the same reason as in bin/train (Keras/absl start-up order).
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
@@ -28,13 +27,10 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 FLAGS = flags.FLAGS
 flags.DEFINE_string('task', 'digits', 'Task name.')
 flags.DEFINE_string('partition', 'dirichlet', 'dirichlet|pathological|iid|domain.')
-# The names bin/train uses; --alpha and --classes_per_client are their deprecated spellings, as
-# in bin/train, until tff_decorr.configs.deprecated_flags.REMOVED_IN.
-_DEPRECATED = ('alpha', 'classes_per_client')
+# The names bin/train uses.
 flags.DEFINE_float('dirichlet_alpha', 0.5, 'Dirichlet concentration (inf: IID).')
 flags.DEFINE_integer('pathological_classes_per_client', 2,
                      'Pathological partition: classes per client.')
-deprecated_flags.define(FLAGS, flags, _DEPRECATED)
 flags.DEFINE_integer('num_clients', 10, 'Number of clients.')
 flags.DEFINE_integer('seed', 0, 'Partition seed (same meaning as bin/train --seed).')
 flags.DEFINE_string('data_dir', None, 'TFDS data dir.')
@@ -69,13 +65,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   from tff_decorr.collapse import plots  # pylint: disable=g-import-not-at-top
-  translation = deprecated_flags.translate(deprecated_flags.given(FLAGS, _DEPRECATED))
-  for line in translation.warnings:
-    print(line, file=sys.stderr)
-  # A deprecated spelling given wins here: today's flags always hold a value (their defaults).
-  alpha = translation.settings.get('dirichlet', {}).get('alpha', FLAGS.dirichlet_alpha)
-  classes_per_client = translation.settings.get('pathological', {}).get(
-      'classes_per_client', FLAGS.pathological_classes_per_client)
+  alpha, classes_per_client = FLAGS.dirichlet_alpha, FLAGS.pathological_classes_per_client
   try:
     counts, task = partition_counts(FLAGS.task, FLAGS.partition, alpha, classes_per_client,
                                     FLAGS.num_clients, FLAGS.seed, FLAGS.data_dir)

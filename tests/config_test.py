@@ -1,42 +1,72 @@
-"""Configuration resolution: component flags, old spellings, old config.json files and default
-run-directory names stay what they were before component settings existed."""
+"""Configuration resolution: component flags, config.json files of earlier releases (resumed, or
+refused with what to do) and default run-directory names that stay what they were before component
+settings existed."""
 
 import contextlib
 import io
+import json
 import os
 import sys
 from unittest import mock
 
+from absl import flags
 from absl.testing import absltest
 from absl.testing import flagsaver
 import tensorflow as tf
 
+from tests import testutil
 from bin import train
 from tff_decorr.configs import cli
 from tff_decorr.configs import config
-from tff_decorr.configs import deprecated_flags
 from tff_decorr.run_files import run_dir
 
-# Default run-directory names printed by bin/train at commit 7dc4b1f (before component settings)
-# for these commands: an old command must find its old run.
+# Default run-directory names printed by bin/train at commit 7dc4b1f (before component settings,
+# the same settings in their flat spellings of then) for these commands: a command finds the run
+# it wrote in every release since.
 GOLDEN = [
     ({}, ['digits-fedavg-none-c912a466', 'digits-fedavg-feddecorr-39976aa0']),
     (dict(task='cifar10', algorithm='moon', regularizer='feddecorr'),
      ['cifar10-moon-feddecorr-a8536435']),
-    (dict(task='digits', algorithm='fedavgm', alpha=0.1, fedavgm_form='tff', server_lr=0.5,
-          regularizer='none'), ['digits-fedavgm-none-8bb3ed3b']),
-    (dict(task='cifar100', algorithm='fedprox', mu=0.01, regularizer='feduv', feduv_mu=0.3),
-     ['cifar100-fedprox-feduv-a1775d8c']),
-    (dict(task='digits', algorithm='scaffold', partition='pathological', classes_per_client=3,
-          regularizer='decov', beta=0.2), ['digits-scaffold-decov-b770eed5']),
-    (dict(task='digits', algorithm='fedavg_decomposed', decomposed=True, coefficient_period=0,
-          regularizer='feddecorr'), ['digits-fedavg_decomposed-feddecorr-8d1eda28']),
-    # The new spellings of the same settings name the same run.
     (dict(task='digits', algorithm='fedavgm', dirichlet_alpha=0.1, fedavgm_form='tff',
           fedavgm_server_lr=0.5, regularizer='none'), ['digits-fedavgm-none-8bb3ed3b']),
+    (dict(task='cifar100', algorithm='fedprox', fedprox_mu=0.01, regularizer='feduv',
+          feduv_mu=0.3), ['cifar100-fedprox-feduv-a1775d8c']),
+    (dict(task='digits', algorithm='scaffold', partition='pathological',
+          pathological_classes_per_client=3, regularizer='decov', decov_beta=0.2),
+     ['digits-scaffold-decov-b770eed5']),
+    (dict(task='digits', algorithm='fedavg_decomposed', decomposed=True,
+          fedavg_decomposed_coefficient_period=0, regularizer='feddecorr'),
+     ['digits-fedavg_decomposed-feddecorr-8d1eda28']),
+    # Printed by 0.2.0 (commit 4490e2c, `config.directory_hash`) and its last commit (9e6eacd):
+    # components and settings that came after the flat form keep their names too.
+    (dict(task='digits', algorithm='fedprox', fedprox_mu=0.01, regularizer='feddecorr',
+          num_clients=4, rounds=2), ['digits-fedprox-feddecorr-a47894a5']),
+    (dict(task='digits', algorithm='fedexp', regularizer='none'),
+     ['digits-fedexp-none-573c0af4']),
+    (dict(task='digits', regularizer='feddecorr', aggregator='dp', dp_clip=1.0),
+     ['digits-fedavg-feddecorr-69e6b442']),
+    (dict(task='cifar10', algorithm='fedprox', regularizer='feddecorr', fedprox_mu=0.01,
+          feddecorr_beta=0.2), ['cifar10-fedprox-feddecorr-106e084f']),
+    (dict(task='digits', algorithm='moon', regularizer='none', precision='mixed_bfloat16'),
+     ['digits-moon-none-b83cc7c2']),
 ]
 
-# A config.json written at commit 7dc4b1f (flat: every setting at top level).
+# config.json as 0.2.0 wrote it (commit 4490e2c, `config.make(task='digits', algorithm='fedprox',
+# fedprox_mu=0.01, regularizer='feddecorr', num_clients=4, rounds=2).to_dict()`).
+CONFIG_0_2_0 = {
+    'aggregator': 'mean', 'algorithm': 'fedprox', 'batch_size': 32, 'cache_dir': '',
+    'client_lr': 0.01, 'clients_per_round': 4, 'data_dir': '', 'decomposed': False,
+    'eval_every': 1, 'export_every': 0,
+    'hparams': {'dirichlet': {'alpha': 0.5}, 'feddecorr': {'beta': 0.1}, 'fedprox': {'mu': 0.01},
+                'mean': {}},
+    'init': 'keras', 'local_epochs': 5, 'max_concurrent_computation_calls': -1,
+    'model': 'small_cnn', 'momentum': 0.9, 'num_atoms': 0, 'num_clients': 4, 'output_dir': '',
+    'partition': 'dirichlet', 'projection_dim': 0, 'regularizer': 'feddecorr', 'rounds': 2,
+    'runtime': 'tff', 'seed': 0, 'task': 'digits', 'track_collapse': False,
+    'weight_decay': 1e-05, 'workers': ''}
+
+# A config.json written at commit 7dc4b1f (flat: every setting at top level), which 0.2.0 migrated
+# and 0.3.0 refuses.
 OLD_CONFIG = {
     'algorithm': 'fedavg', 'alpha': 0.5, 'batch_size': 32, 'beta': 0.1, 'cache_dir': '/c',
     'classes_per_client': 2, 'client_lr': 0.01, 'clients_per_round': 4, 'coefficient_period': 1,
@@ -61,13 +91,66 @@ class ConfigTest(absltest.TestCase):
       got = [c.output_dir.split('/runs/')[1] for c in resolve(**flag_values)]
       self.assertEqual(got, names, flag_values)
 
-  def test_old_config_json_migrates_to_the_command_that_wrote_it(self):
+  def test_a_0_2_0_run_directory_resumes_under_the_command_that_wrote_it(self):
+    (new,) = resolve(task='digits', algorithm='fedprox', fedprox_mu=0.01, regularizer='feddecorr',
+                     num_clients=4, rounds=2, local_epochs=5)
+    self.assertEqual(os.path.basename(new.output_dir), 'digits-fedprox-feddecorr-a47894a5')
+    self.assertEqual(config.from_dict(CONFIG_0_2_0).hparams, new.hparams)
+    out = self.create_tempdir().full_path
+    run_dir.write_config(out, CONFIG_0_2_0)
+    new.output_dir = out
+    # The same configuration: the caller resumes it from its checkpoint.
+    self.assertTrue(run_dir.prepare(out, new.to_dict(), migrate=config.migrate_dict))
+    run_dir.unlock(out)
+
+  def test_a_flat_config_json_is_refused_with_what_to_do(self):
+    with self.assertRaisesRegex(config.OldConfigError, 'before tff_decorr 0.2.0'):
+      config.from_dict(OLD_CONFIG)
     (new,) = resolve(task='digits', num_clients=4, rounds=2, local_epochs=1, runtime='tf',
-                     regularizer='feddecorr', output_dir='/o', cache_dir='/c')
-    self.assertEqual(config.migrate_dict(OLD_CONFIG), new.to_dict())
-    self.assertEqual(new.to_dict()['hparams'], {'fedavg': {}, 'feddecorr': {'beta': 0.1},
-                                                'dirichlet': {'alpha': 0.5}, 'mean': {}})
-    self.assertEqual(new.aggregator, 'mean')
+                     regularizer='feddecorr')
+    out = self.create_tempdir().full_path
+    run_dir.write_config(out, OLD_CONFIG)
+    with self.assertRaises(run_dir.RunDirError) as caught:
+      run_dir.prepare(out, new.to_dict(), migrate=config.migrate_dict)
+    run_dir.unlock(out)
+    message = str(caught.exception)
+    self.assertNotIn('\n', message)
+    self.assertRegex(message, f'^--output_dir={out}: its config.json was written before tff_decorr '
+                     r'0.2.0 .*re-run with --overwrite to start again \(the old run is moved '
+                     r'aside\), or finish it with tff_decorr 0.2.0.$')
+    with open(os.path.join(out, 'config.json')) as f:  # Refused: nothing touched.
+      self.assertEqual(json.load(f), OLD_CONFIG)
+    # --overwrite moves it aside and starts afresh.
+    logged = []
+    self.assertFalse(run_dir.prepare(out, new.to_dict(), overwrite=True, log=logged.append,
+                                     migrate=config.migrate_dict))
+    run_dir.unlock(out)
+    self.assertFalse(os.path.exists(os.path.join(out, 'config.json')))
+    (aside,) = [p for p in os.listdir(os.path.dirname(out))
+                if p.startswith(os.path.basename(out) + '.replaced-')]
+    with open(os.path.join(os.path.dirname(out), aside, 'config.json')) as f:
+      self.assertEqual(json.load(f), OLD_CONFIG)
+    self.assertIn('moved it to', logged[0])
+
+  def test_bin_train_refuses_a_flat_run_directory_in_one_line(self):
+    out = self.create_tempdir().full_path
+    run_dir.write_config(out, OLD_CONFIG)
+    proc = testutil.run_module('bin.train', '--task=digits', '--num_clients=4', '--rounds=2',
+                               '--local_epochs=1', '--regularizer=feddecorr',
+                               f'--output_dir={out}')
+    self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
+    self.assertNotIn('Traceback', proc.stderr)
+    errors = [line for line in proc.stderr.splitlines() if 'error' in line]
+    self.assertLen(errors, 1, proc.stderr[-2000:])
+    self.assertIn('re-run with --overwrite to start again', errors[0])
+
+  def test_old_flag_spellings_are_unknown_flags(self):
+    # Removed in 0.3.0 (CHANGELOG.md names each one's component flag).
+    for old in ('mu', 'beta', 'alpha', 'temperature', 'server_lr', 'server_momentum',
+                'coefficient_period', 'classes_per_client'):
+      with self.subTest(old=old), flagsaver.flagsaver():
+        with self.assertRaisesRegex(flags.UnrecognizedFlagError, f"flag '{old}'"):
+          train.FLAGS(['train', f'--{old}=1', '--regularizer=none'])
 
   def test_config_json_from_before_the_aggregator_resumes(self):
     # Written by the release with component settings but no --aggregator: it meant the plain sum.
@@ -219,14 +302,6 @@ class ConfigTest(absltest.TestCase):
       with self.assertRaisesRegex(ValueError, pattern, msg=str(values)):
         resolve(task='digits', regularizer='none', **values)
 
-  def test_old_spellings_are_aliases(self):
-    (old,) = resolve(algorithm='moon', mu=0.7, temperature=0.2, regularizer='feddecorr',
-                     beta=0.3, alpha=0.2)
-    (new,) = resolve(algorithm='moon', moon_mu=0.7, moon_temperature=0.2,
-                     regularizer='feddecorr', feddecorr_beta=0.3, dirichlet_alpha=0.2)
-    self.assertEqual(old.hparams, new.hparams)
-    self.assertEqual(new.hparams['moon'].to_dict(), {'mu': 0.7, 'temperature': 0.2})
-
   def test_each_value_is_checked_where_it_is_declared(self):
     with self.assertRaisesRegex(ValueError, '--fedprox_mu: must be >= 0.0'):
       resolve(algorithm='fedprox', fedprox_mu=-1.0)
@@ -236,11 +311,11 @@ class ConfigTest(absltest.TestCase):
       resolve(dirichlet_alpha=0.0)
     with self.assertRaisesRegex(ValueError, '--fedavgm_server_lr applies only'):
       resolve(algorithm='fedavgm', fedavgm_server_lr=0.5)
-    # alpha = inf is the IID limit of the Dirichlet partition, in both spellings.
+    # alpha = inf is the IID limit of the Dirichlet partition, also as typed on a command line.
     (c,) = resolve(regularizer='none', dirichlet_alpha=float('inf'))
     self.assertEqual(c.hparams['dirichlet'].alpha, float('inf'))
     with flagsaver.flagsaver():
-      train.FLAGS(['train', '--alpha=inf', '--regularizer=none'])
+      train.FLAGS(['train', '--dirichlet_alpha=inf', '--regularizer=none'])
       (c,) = train.resolve_configs(train.FLAGS)
     self.assertEqual(c.hparams['dirichlet'].alpha, float('inf'))
 
@@ -277,12 +352,11 @@ class ConfigTest(absltest.TestCase):
 
 
   def test_flags_reach_their_configs_in_one_pass(self):
-    # docs/DESIGN.md: read the flags (cli), translate the old spellings (deprecated_flags), resolve
-    # the components, build and validate the Configs, name their directories (config); each step
-    # called once from resolve_configs, and none calls back into an earlier step's module. Every
-    # Python call made while resolving is recorded, with its module and its caller.
-    steps_module = ('tff_decorr.configs.cli', 'tff_decorr.configs.deprecated_flags',
-                    'tff_decorr.configs.config')
+    # docs/DESIGN.md: read the flags (cli), resolve the components, build and validate the
+    # Configs, name their directories (config); each step called once from resolve_configs, and
+    # none calls back into an earlier step's module. Every Python call made while resolving is
+    # recorded, with its module and its caller.
+    steps_module = ('tff_decorr.configs.cli', 'tff_decorr.configs.config')
     driver = cli.resolve_configs.__code__
     calls = []
 
@@ -292,7 +366,7 @@ class ConfigTest(absltest.TestCase):
                       frame.f_back.f_code is driver if frame.f_back else False))
 
     stderr = io.StringIO()
-    with flagsaver.flagsaver(algorithm='fedprox', mu=0.3, regularizer='none,feddecorr',
+    with flagsaver.flagsaver(algorithm='fedprox', fedprox_mu=0.3, regularizer='none,feddecorr',
                              feddecorr_beta=0.2), contextlib.redirect_stderr(stderr):
       sys.setprofile(record)
       try:
@@ -304,23 +378,10 @@ class ConfigTest(absltest.TestCase):
     self.assertEqual(visits, list(steps_module))
     self.assertEqual([name for module, name, from_driver in calls
                       if from_driver and module in steps_module],
-                     ['read_flags', 'translate_flags', 'resolve_components', 'build',
-                      'set_output_dirs'])
-    # The old spelling's value reached both Configs, translated once, with one warning.
+                     ['read_flags', 'resolve_components', 'build', 'set_output_dirs'])
+    # The value reached both Configs, and resolving printed nothing.
     self.assertEqual([c.hparams['fedprox'].mu for c in configs], [0.3, 0.3])
-    self.assertEqual(stderr.getvalue().count('--mu is deprecated'), 1, stderr.getvalue())
-    self.assertEqual(stderr.getvalue().count('warning:'), 1, stderr.getvalue())
-
-  def test_deprecation_warnings_name_the_generated_flags(self):
-    # deprecated_flags words its warnings without asking the registries: each alias target's flag
-    # is <component>_<field>, which must stay so (a field renamed by `flag=` would break it).
-    for old, targets in deprecated_flags.ALIASES.items():
-      for target in targets:
-        component, field = target.split('.')
-        kind = next(k for k in config.KINDS if component in config.registry(k).names())
-        flag = config.registry(kind).hparams_class(component).flag_name(field)
-        self.assertIn(f'--{flag}', deprecated_flags.replacements(old))
-        self.assertEqual(flag, target.replace('.', '_'))
+    self.assertEqual(stderr.getvalue(), '')
 
 
 if __name__ == '__main__':

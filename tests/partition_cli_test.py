@@ -27,10 +27,9 @@ class PartitionCliTest(absltest.TestCase):
     np.testing.assert_array_equal(got, partitions.class_count_matrix(labels, parts, 10))
 
   def test_bad_flags(self):
-    # Errors name today's flags, also when the deprecated spelling was given; a tiny alpha gives
-    # the one-line error without NumPy warnings before it.
+    # Errors name the flags; a tiny alpha gives the one-line error without NumPy warnings before
+    # it.
     for flag, name in (('--dirichlet_alpha=0', '--dirichlet_alpha'),
-                       ('--alpha=0', '--dirichlet_alpha'),
                        ('--dirichlet_alpha=1e-300', 'larger --dirichlet_alpha'),
                        ('--num_clients=100000', '--num_clients'),
                        ('--task=imagenet', '--task'), ('--partition=domain', 'domain'),

@@ -1,7 +1,6 @@
 """A run's configuration, a layer below the run program: the settings and their validation
-(config: Config, resolve, make, config.json's migration), the deprecated flag spellings
-(deprecated_flags) and the command line that turns flags into Configs (cli: bin/train's flags, the
-binaries' exit codes and error handler).
+(config: Config, resolve, make, reading config.json) and the command line that turns flags into
+Configs (cli: bin/train's flags, the binaries' exit codes and error handler).
 
 Submodules are imported on first use (tff_decorr.lazy.lazy_submodules).
 """

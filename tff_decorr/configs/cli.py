@@ -1,6 +1,6 @@
 """What the absl binaries in bin/ share: bin/train's flags (define_train_flags, also bin/study's per
 grid cell), the component flags generated from the registries, and the path from parsed flags to
-Configs (resolve_configs: the one place that calls its five steps in order; step 1, read_flags, is
+Configs (resolve_configs: the one place that calls its four steps in order; step 1, read_flags, is
 here); paths as the user typed them, flag parsing, exit codes and the one error handler
 (run_guarded) that maps a failure to one line and a code."""
 
@@ -15,7 +15,6 @@ from typing import Any, Dict, List
 from absl import flags
 from absl import logging
 
-from tff_decorr.configs import deprecated_flags
 
 
 def user_path(path: str) -> str:
@@ -265,7 +264,7 @@ def define_train_flags(fv) -> list:
 
 def define_component_flags(fv) -> None:
   """One flag per setting of every registered algorithm, regulariser, partition and aggregator,
-  `--<component>_<setting>` (tff_decorr.hparams), plus the old spellings as deprecated aliases."""
+  `--<component>_<setting>` (tff_decorr.hparams)."""
   from tff_decorr.configs import config  # pylint: disable=g-import-not-at-top
   for kind, name, spec in config.component_flag_specs():
     text = f'{spec.help} [{kind} {name}; default {spec.default}]'
@@ -279,14 +278,13 @@ def define_component_flags(fv) -> None:
       flags.DEFINE_float(spec.name, None, text, flag_values=fv)
     else:
       flags.DEFINE_string(spec.name, None, text, flag_values=fv)
-  deprecated_flags.define(fv, flags)
 
 
 @dataclasses.dataclass(frozen=True)
 class GivenFlags:
   """Step 1's result: the command line as data, nothing resolved yet."""
   task: Any  # tasks.registry's Task of --task
-  # {flag: value} of every flag with a value (not None), the deprecated spellings among them;
+  # {flag: value} of every flag with a value (not None);
   # --data_dir and --cache_dir absolute ('' when not given); without --regularizer, --output_dir.
   values: Dict[str, Any]
   regularizers: List[str]  # --regularizer's list (default: the task's), each once
@@ -318,24 +316,18 @@ def resolve_configs(fv) -> list:
   defaults; one Config per regulariser, each with its output directory (default:
   runs/<...>-<hash>).
 
-  In five steps, each in one place and called once, here, in this order (docs/DESIGN.md,
+  In four steps, each in one place and called once, here, in this order (docs/DESIGN.md,
   "Configuration and hyper-parameters"); a step calls nothing of an earlier step's module
   (tests/config_test.py traces it):
     1. read the parsed flags (cli.read_flags);
-    2. translate the deprecated spellings, warning once each (deprecated_flags.translate_flags);
-    3. resolve the components and generic settings (config.resolve_components, over the
+    2. resolve the components and generic settings (config.resolve_components, over the
        registries);
-    4. build and validate one Config per regulariser (config.build);
-    5. name the output directories (config.set_output_dirs).
+    3. build and validate one Config per regulariser (config.build);
+    4. name the output directories (config.set_output_dirs).
   """
-  import sys  # pylint: disable=g-import-not-at-top
   from tff_decorr.configs import config  # pylint: disable=g-import-not-at-top
   given = read_flags(fv)
-  translation = deprecated_flags.translate_flags(given.values)
-  for line in translation.warnings:
-    print(line, file=sys.stderr, flush=True)
-  resolution = config.resolve_components(given.task, translation.values, translation.settings,
-                                         given.regularizers)
+  resolution = config.resolve_components(given.task, given.values, given.regularizers)
   configs = config.build(resolution)
   config.set_output_dirs(configs, resolution, given.output_dir, given.runs_dir)
   return configs

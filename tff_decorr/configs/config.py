@@ -10,16 +10,13 @@ The client optimiser is a typed object as well (`Config.client_optimizer`, an
 `algorithms.ClientConfig`) built from the generic `client_lr`, `momentum` and `weight_decay`.
 
 Resolution is explicit > the task's paper defaults (keyed `'<component>.<field>'`) > the
-component's own defaults. From flags (tff_decorr/configs/cli.py: resolve_configs) it is steps 3 to
-5 of five, each a function here called once: `resolve_components` (the settings of each
+component's own defaults. From flags (tff_decorr/configs/cli.py: resolve_configs) it is steps 2 to
+4 of four, each a function here called once: `resolve_components` (the settings of each
 regulariser's run, over the registries), `build` (one validated Config per regulariser) and
-`set_output_dirs`; the flags were read (step 1, cli) and their deprecated spellings translated
-(step 2, deprecated_flags) before, and none of these calls either module back. `resolve` is steps
-2 to 4 for code with values instead of flags, `make` for keywords. The flag spellings used before
-the component flags existed (`--mu`, `--beta`, `--alpha`, ...) are accepted as aliases for one
-release (tff_decorr/configs/deprecated_flags.py says which), and `from_dict` migrates config.json
-files written with them, so old commands and run directories keep working; default run-directory
-names are hashed over that older flat form, so re-running an old command finds its old run.
+`set_output_dirs`; the flags were read (step 1, cli) before, and none of these calls cli back.
+`resolve` is steps 2 and 3 for code with values instead of flags, `make` for keywords. Default
+run-directory names are hashed over the flat form configurations had before component settings
+existed (`directory_hash`), so a run directory keeps its name from release to release.
 """
 
 from __future__ import annotations
@@ -30,8 +27,6 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, TYPE_CHECKING
 
-from tff_decorr.configs import deprecated_flags
-
 if TYPE_CHECKING:  # Imported lazily below: they import TensorFlow, config stays cheap to import.
   from tff_decorr.algorithms.client_update import ClientConfig
   from tff_decorr.hparams import HParams
@@ -39,10 +34,15 @@ if TYPE_CHECKING:  # Imported lazily below: they import TensorFlow, config stays
 RUNTIMES = ('tff', 'tf')
 RUNTIME_CHOICES = ('auto',) + RUNTIMES  # 'auto': resolved by choose_runtime, never stored
 
-# The old flat keys: deprecated flags (until deprecated_flags.REMOVED_IN) and the form of old
-# config.json files and of directory-name hashes (kept for runs already written).
-LEGACY_ALIASES = deprecated_flags.ALIASES
-_LEGACY_SAME = deprecated_flags.SAME_KEYS
+# The component settings that had flat keys of their own before components declared their settings
+# (0.1): `directory_hash` hashes them under those keys (each flat key below, filled from one of its
+# components), so a default run directory keeps its name. Every other setting is hashed as
+# '<component>_<field>'.
+_FLAT_KEYED = frozenset({
+    'fedprox.mu', 'moon.mu', 'moon.temperature', 'fedavgm.server_lr', 'scaffold.server_lr',
+    'fedavgm.server_momentum', 'fedavg_decomposed.coefficient_period', 'feddecorr.beta',
+    'decov.beta', 'dirichlet.alpha', 'pathological.classes_per_client', 'fedavgm.form',
+    'feduv.lam', 'feduv.mu'})
 
 # Keys that may differ when a run is resumed: where things are, how they are executed or shown,
 # and how long to go on. Everything else changes the result, so a mismatch is refused (run_dir's
@@ -260,48 +260,53 @@ def choose_runtime(requested: str, workers: str = '',
 
 @dataclasses.dataclass(frozen=True)
 class Resolution:
-  """Step 3's result: every setting of each regulariser's run, before any Config is made."""
+  """Step 2's result: every setting of each regulariser's run, before any Config is made."""
   task: Any
   values: Dict[str, Any]  # the generic settings: explicit > task default > Config's default
   regularizers: List[str]
   # Per regulariser: {component: {field: value}} of its chosen components, complete (explicit >
-  # task default > the component's default), not yet validated (step 4 does it).
+  # task default > the component's default), not yet validated (step 3 does it).
   settings: List[Dict[str, Dict[str, Any]]]
-  aliased: Dict[str, Dict[str, Any]]  # what deprecated spellings set (step 5 hashes it)
 
 
 def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[str, Any]],
-            legacy: Mapping[str, Any], regularizers: Sequence[str],
-            warn=print) -> List[Config]:
-  """One Config per regulariser, from explicitly given values (for code without flags: steps 2 to 4
-  of bin/train's path, tff_decorr/configs/cli.py: resolve_configs).
+            regularizers: Sequence[str]) -> List[Config]:
+  """One Config per regulariser, from explicitly given values: steps 2 and 3 of bin/train's path
+  (tff_decorr/configs/cli.py: resolve_configs) for code without flags.
+
+  Resolution is explicit > the task's default > the component's default. The Configs' output_dir
+  is left empty (the caller sets it).
 
   Args:
-    task: the task (its `defaults` are the paper's settings).
-    generic: explicitly given generic settings {field: value}.
-    components: explicitly given component settings {component: {field: value}} (from the
-      `--<component>_<field>` flags); a setting of a component the run does not use is an error.
-    legacy: explicitly given old-style flags {name: value} (tff_decorr.configs.deprecated_flags).
-    regularizers: the regularisers, one Config each.
+    task: the task, a `tasks.registry.Task` (its `defaults` are the paper's settings).
+    generic: explicitly given generic settings {Config field: value}; None means not given.
+    components: explicitly given component settings {component: {field: value}} (what the
+      `--<component>_<field>` flags set); a setting of a component the run does not use is an
+      error.
+    regularizers: the regularisers' names, one Config each.
+
+  Returns:
+    A list of validated Configs, one per regulariser, in the order given.
+
+  Raises:
+    ValueError: an unknown component or setting, a value out of its range, a setting of a
+      component the run does not use, or an empty `regularizers`; the message names the flag.
   """
-  # The arguments' own errors first, before any warning (bin/train checks --regularizer as it
-  # parses it, and its --algorithm is one of the registered).
+  # The arguments' own errors first (bin/train checks --regularizer as it parses it, and its
+  # --algorithm is one of the registered).
   registry('algorithm').algorithm_class(generic_values(task, generic)['algorithm'])
   if not regularizers:
     raise ValueError('--regularizer: empty; give none, feddecorr, feduv or decov.')
-  translation = deprecated_flags.translate(legacy)
-  for line in translation.warnings:
-    warn(line)
-  return build(_resolve(task, generic, components, translation.settings, regularizers))
+  return build(_resolve(task, generic, components, regularizers))
 
 
-def resolve_components(task, values: Mapping[str, Any], aliased: Mapping[str, Mapping[str, Any]],
+def resolve_components(task, values: Mapping[str, Any],
                        regularizers: Sequence[str]) -> Resolution:
-  """Step 3 of resolve_configs: the given flags `values` ({flag: value} in today's spellings;
-  names that are no setting, the run program's own flags, are left out) and what deprecated
-  spellings set (`aliased`, step 2's) resolved: explicit > the task's default > the default."""
+  """Step 2 of resolve_configs: the given flags `values` ({flag: value}; names that are no
+  setting, the run program's own flags, are left out) resolved: explicit > the task's default >
+  the default."""
   generic, components, _ = _split_settings(values)
-  return _resolve(task, generic, components, aliased, regularizers)
+  return _resolve(task, generic, components, regularizers)
 
 
 def _split_settings(values: Mapping[str, Any]):
@@ -317,8 +322,8 @@ def _split_settings(values: Mapping[str, Any]):
   return generic, components, [k for k in values if k not in named]
 
 
-def _resolve(task, generic, components, aliased, regularizers) -> Resolution:
-  """Step 3 over settings already told apart (generic, {component: {field: value}})."""
+def _resolve(task, generic, components, regularizers) -> Resolution:
+  """Step 2 over settings already told apart (generic, {component: {field: value}})."""
   defaults = dict(task.defaults)
   defaults.setdefault('partition', task.default_partition)
   values = generic_values(task, generic)
@@ -333,8 +338,7 @@ def _resolve(task, generic, components, aliased, regularizers) -> Resolution:
   algorithm_cls = registry('algorithm').algorithm_class(values['algorithm'])
   if generic.get('projection_dim') is None and not algorithm_cls.projection_head:
     values['projection_dim'] = 0  # The task's head width is a setting of algorithms that use one.
-  # Explicit settings: the component flags win over what old spellings set.
-  explicit = {component: dict(fields) for component, fields in aliased.items()}
+  explicit: Dict[str, Dict[str, Any]] = {}
   for component, fields in components.items():
     for field, value in fields.items():
       if value is not None:
@@ -353,12 +357,11 @@ def _resolve(task, generic, components, aliased, regularizers) -> Resolution:
     chosen = {kind: reg if kind == 'regularizer' else values[kind] for kind in KINDS}
     settings.append({name: _component_settings(kind, name, explicit, defaults)
                      for kind, name in chosen.items() if name in registry(kind).names()})
-  return Resolution(task=task, values=values, regularizers=list(regularizers), settings=settings,
-                    aliased={c: dict(f) for c, f in aliased.items()})
+  return Resolution(task=task, values=values, regularizers=list(regularizers), settings=settings)
 
 
 def build(resolution: Resolution) -> List[Config]:
-  """Step 4 of resolve_configs: one Config per regulariser, each validated (its components'
+  """Step 3 of resolve_configs: one Config per regulariser, each validated (its components'
   settings as it is made, errors naming their flags, then the generic ones: `validate`)."""
   configs = []
   for reg, settings in zip(resolution.regularizers, resolution.settings):
@@ -370,7 +373,7 @@ def build(resolution: Resolution) -> List[Config]:
 
 def set_output_dirs(configs: Sequence[Config], resolution: Resolution, output_dir: str,
                     runs_dir: str) -> None:
-  """Step 5 of resolve_configs: each Config's run directory. `output_dir` (absolute; one
+  """Step 4 of resolve_configs: each Config's run directory. `output_dir` (absolute; one
   sub-directory per regulariser when there are several), or by default
   `runs_dir`/<task>-<algorithm>-<regularizer>-<directory_hash>."""
   for c in configs:
@@ -378,7 +381,7 @@ def set_output_dirs(configs: Sequence[Config], resolution: Resolution, output_di
       c.output_dir = os.path.join(output_dir, c.regularizer) if len(configs) > 1 else output_dir
     else:
       c.output_dir = os.path.join(runs_dir, f'{c.task}-{c.algorithm}-{c.regularizer}-'
-                                  f'{directory_hash(c, resolution.task, resolution.aliased)}')
+                                  f'{directory_hash(c, resolution.task)}')
 
 
 def generic_values(task, generic: Mapping[str, Any]) -> Dict[str, Any]:
@@ -407,20 +410,50 @@ def _component_settings(kind, name, explicit, task_defaults) -> Dict[str, Any]:
           for f in dataclasses.fields(cls)}
 
 
+class OldConfigError(ValueError):
+  """A config.json in a form this release no longer reads; the message says what to do."""
+
+
+# What a run directory whose config.json predates component settings is told (one line).
+_FLAT_FORM = ('its config.json was written before tff_decorr 0.2.0 (flat settings such as mu, beta, '
+              'alpha), a form 0.3.0 no longer reads; re-run with --overwrite to start again (the '
+              'old run is moved aside), or finish it with tff_decorr 0.2.0')
+
+
 def from_dict(d: Mapping[str, Any]) -> Config:
-  """A Config from config.json, including files written before component settings existed."""
-  d = _add_later_generic(dict(d))
-  if 'hparams' not in d:
-    d = _migrate_flat(d)
-  d = _add_later_kinds(d)
+  """A Config from config.json's contents, validated component by component.
+
+  Settings added to the library after the file was written get the value its run used (the
+  aggregator 'mean', `init` 'keras', `precision` 'float32', ...), so a run directory of an earlier
+  release whose config.json has component settings (`hparams`) reads as it was written.
+
+  Args:
+    d: config.json's contents, a mapping as `Config.to_dict()` returns (unknown keys are ignored).
+
+  Returns:
+    The Config (its components' HParams typed and validated; generic settings as written, not
+    validated: `validate` checks them).
+
+  Raises:
+    OldConfigError: `d` has the flat form of before tff_decorr 0.2.0 (no `hparams`), which this
+      release no longer reads.
+    ValueError: a component setting is out of its range or unknown (the message names its flag).
+  """
+  return Config(**_known(migrate_dict(d)))
+
+
+def _known(d: Mapping[str, Any]) -> dict:
   known = {f.name for f in dataclasses.fields(Config)}
-  return Config(**{k: v for k, v in d.items() if k in known})
+  return {k: v for k, v in d.items() if k in known}
 
 
 def migrate_dict(d: Mapping[str, Any]) -> dict:
-  """config.json contents in today's form (old flat files are translated; a component kind
-  added since, e.g. the aggregator, gets its default)."""
-  return from_dict(d).to_dict() if 'hparams' not in d else _add_later_kinds(_add_later_generic(dict(d)))
+  """config.json's contents completed to today's form: a setting added since the file was written
+  gets the value its run used (e.g. the aggregator, which was the plain mean). Raises
+  OldConfigError for the flat form of before 0.2.0 (no `hparams`)."""
+  if 'hparams' not in d:
+    raise OldConfigError(_FLAT_FORM)
+  return _add_later_kinds(_add_later_generic(dict(d)))
 
 
 def _add_later_generic(d: dict) -> dict:
@@ -446,48 +479,35 @@ def _add_later_kinds(d: dict) -> dict:
   return d
 
 
-def _migrate_flat(d: dict) -> dict:
-  flat = {}
-  for old, targets in {**LEGACY_ALIASES, **{k: (v,) for k, v in _LEGACY_SAME.items()}}.items():
-    if old in d:
-      for target in targets:
-        component, field = target.split('.')
-        flat.setdefault(component, {})[field] = d[old]
-  hparams = {}
-  for kind in KINDS:
-    if kind in _LATER_KINDS:
-      continue  # Not in flat files; _add_later_kinds gives the default.
-    name = d.get(kind, getattr(Config, kind))
-    cls = registry(kind).hparams_class(name)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    hparams[name] = cls.from_mapping({k: v for k, v in flat.get(name, {}).items()
-                                      if k in fields}).to_dict()
-  out = {k: v for k, v in d.items() if k not in LEGACY_ALIASES and k not in _LEGACY_SAME}
-  out['hparams'] = hparams
-  return out
-
-
-def directory_hash(config: Config, task, aliased: Mapping[str, Mapping[str, Any]]) -> str:
+def directory_hash(config: Config, task) -> str:
   """The 8-hex-digit hash in default run-directory names.
 
-  Computed over the flat form configurations had before component settings existed (every old
-  key, each with the value the old resolution gave it), so an old command finds its old run;
-  settings with no old key (a newly registered component's) are added under
-  '<component>_<field>'. `aliased` is what deprecated spellings set ({component: {field: value}},
-  deprecated_flags.translate's settings): an old flag given for a component the run does not use
-  was part of the flat form, so it stays in the name."""
+  Computed over the flat form configurations had before component settings existed (every flat
+  key, each with the value the old resolution gave it), so a command finds the run it wrote in
+  every release since; settings with no flat key (a newer component's) are added under
+  '<component>_<field>'. tests/config_test.py pins known names.
+
+  Args:
+    config: the resolved Config.
+    task: its task (`tasks.registry.get(config.task)`), whose defaults fill the flat keys of
+      components the run does not use.
+
+  Returns:
+    Eight lowercase hexadecimal digits.
+
+  Raises:
+    KeyError: `config` lacks a generic setting (not made by this library's resolution).
+  """
   defaults = dict(task.defaults)
 
   def setting(component, field, fallback):
     if component in config.hparams:
       return getattr(config.hparams[component], field)
-    if field in aliased.get(component, {}):  # An old flag given for an unused component.
-      return aliased[component][field]
     return defaults.get(f'{component}.{field}', fallback)
 
   flat = {k: v for k, v in config.to_dict().items() if k != 'hparams'}
   # `init` came later: its default for the model keeps the name (a run written before, with Keras'
-  # initialisation, is then refused by config comparison, see _add_init); another value is hashed.
+  # initialisation, is then refused by config comparison, see _add_later_generic); another value is hashed.
   if config.model in _models().names() and flat['init'] == _models().default_init(config.model):
     del flat['init']
   if flat['precision'] == 'float32':  # `precision` came later: float32 runs keep their names.
@@ -509,11 +529,10 @@ def directory_hash(config: Config, task, aliased: Mapping[str, Mapping[str, Any]
       'fedavgm_form': setting('fedavgm', 'form', 'reference'),
       'coefficient_period': setting('fedavg_decomposed', 'coefficient_period', 1),
   })
-  known = {t for ts in LEGACY_ALIASES.values() for t in ts} | set(_LEGACY_SAME.values())
   for component, fields in config.to_dict()['hparams'].items():
     for field, value in fields.items():
       key = f'{component}.{field}'
-      if key in known or value in _NAME_NEUTRAL_VALUES.get(key, ()):
+      if key in _FLAT_KEYED or value in _NAME_NEUTRAL_VALUES.get(key, ()):
         continue
       flat[f'{component}_{field}'] = value
   d = {k: v for k, v in flat.items() if k not in RESUMABLE_KEYS}
@@ -534,6 +553,6 @@ def make(**values) -> Config:
   # One Config: a task's list of regularisers (digits: 'none,feddecorr') is bin/train's business.
   regularizer = generic.pop('regularizer', Config.regularizer)
   output_dir = generic.pop('output_dir', '')
-  c = resolve(task, generic, components, {}, [regularizer], warn=lambda s: None)[0]
+  c = resolve(task, generic, components, [regularizer])[0]
   c.output_dir = output_dir
   return c

@@ -26,7 +26,7 @@ import time
 from typing import Any, Mapping
 
 # Which configuration keys a resumed run may change: the configuration's rule (configs/config).
-from tff_decorr.configs.config import RESUMABLE_KEYS
+from tff_decorr.configs.config import OldConfigError, RESUMABLE_KEYS
 
 LOCK_FILE = '.lock'
 # Files a start leaves behind before config.json exists; a directory holding only these is empty.
@@ -90,7 +90,9 @@ def prepare(output_dir: str, config: Mapping[str, Any], overwrite: bool = False,
   aside with `move_aside`). A run with a different configuration is refused unless `overwrite`,
   which moves it aside (`<dir>.replaced-<time>-<pid>[-n]`, never deleted, never nested). Call
   `write_config` once every other check has passed, so a start that fails leaves nothing that
-  refuses the corrected command. `migrate` translates a config.json written by an older version before comparing.
+  refuses the corrected command. `migrate` completes a config.json written by an earlier release
+before comparing (config.migrate_dict), or raises config.OldConfigError for one this release no
+longer reads: refused with its message, or moved aside with `overwrite`.
   """
   if not output_dir:
     raise RunDirError('--output_dir is empty: give a directory for the run outputs.')
@@ -110,6 +112,12 @@ def prepare(output_dir: str, config: Mapping[str, Any], overwrite: bool = False,
       with open(path) as f:
         old = json.load(f)
       old = migrate(old) if migrate else old
+    except OldConfigError as e:  # Readable, but by an earlier release only: its message says how.
+      if not overwrite:
+        raise RunDirError(f'--output_dir={output_dir}: {e}.') from e
+      aside = move_aside(output_dir)
+      log(f'--overwrite: {output_dir} was written by an earlier release; moved it to {aside}')
+      return False
     except (OSError, json.JSONDecodeError, ValueError) as e:
       if not overwrite:
         raise RunDirError(f'--output_dir={output_dir} has an unreadable config.json ({e}); '
