@@ -74,5 +74,31 @@ class QuietKnownNoiseTest(absltest.TestCase):
     self.assertIn('Failed to detect the fetch node(s)', proc.stderr)
 
 
+class EveryProgramTest(absltest.TestCase):
+
+  def test_tensorflow_imported_after_the_filter_prints_nothing(self):
+    # What each program does first; TensorFlow's start-up lines (oneDNN, the CPU's instructions,
+    # the CUDA plugins of a machine without a GPU) are its C++ log's "<date> <time>: I|W|E" lines.
+    python = testutil.PYTHON if os.path.exists(testutil.PYTHON) else sys.executable
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('TF_CPP_MIN_LOG_LEVEL', 'TFF_DECORR_NOISE')}
+    proc = subprocess.run(
+        [python, '-c', 'from tff_decorr import tf_env; tf_env.quiet_known_noise(); '
+         'import tensorflow as tf; tf.constant(1.0) + 1.0; print("imported")'],
+        cwd=testutil.REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+    self.assertEqual(proc.stdout, 'imported\n')
+    self.assertEqual(proc.stderr, '')
+
+  def test_every_program_filters_before_tensorflow(self):
+    bin_dir = os.path.join(testutil.REPO_ROOT, 'bin')
+    programs = sorted(n for n in os.listdir(bin_dir) if n.endswith('.py') and n != '__init__.py')
+    self.assertGreaterEqual(len(programs), 7)
+    for name in programs:
+      with open(os.path.join(bin_dir, name)) as f:
+        source = f.read()
+      self.assertIn('tf_env.quiet_known_noise()', source, name)
+
+
 if __name__ == '__main__':
   absltest.main()

@@ -85,13 +85,17 @@ def worker_environment(base: Optional[Mapping[str, str]] = None) -> dict:
 
 def quiet_known_noise() -> None:
   """Routes this process's stderr (file descriptor 2, so the C++ runtime's lines too) through a
-  small filter process that drops the KNOWN_NOISE lines and passes everything else on unchanged.
+  small filter process that drops the KNOWN_NOISE lines and passes everything else on unchanged,
+  and sets TensorFlow's C++ log level to errors only (TF_CPP_MIN_LOG_LEVEL=2) unless it is set.
   The filter outlives a crash of this process long enough to pass on what was written before it
   (it ends when the last writer closes the pipe). For binaries only: call it before TensorFlow is
   imported. Does nothing when TFF_DECORR_NOISE=1 is set (to see every line)."""
   global _filter_process
   if _filter_process is not None or os.environ.get('TFF_DECORR_NOISE') == '1':
     return
+  # TF's C++ INFO and WARNING lines at start-up (oneDNN is on, the CPU's instructions, ...) go
+  # too, in every program alike; errors stay. A level the user set is kept.
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   sys.stderr.flush()
   read_end, write_end = os.pipe()
   _filter_process = subprocess.Popen(
