@@ -9,8 +9,7 @@
                     fixtures made from its code, and the step-by-step comparison with them (§6)
 
 Each runs as `.venv/bin/python -m bench.<group>.<name> [flags]`; the shared pieces stay here
-(_common.py, settings.py). `bench.fidelity`, `bench.reproduction` and `bench.server_defaults`
-still run, under their old names, the modules of bench/accuracy/ (long runs are started with them).
+(_common.py, settings.py).
 
 `python -m bench.<...>` imports this package first, so the TensorFlow environment (oneDNN on unless
 the user chose, tff_decorr.tf_env) is set before any script imports TensorFlow, as in bin/.
