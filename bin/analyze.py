@@ -189,7 +189,7 @@ def check_against_task(entries: Sequence[tuple[str, tuple[Any, dict]]], task: An
 def _get_task(name: Optional[str]):
   if not name:
     raise FlagError('--task is required (a name from tasks.registry, e.g. --task=cifar10).')
-  from tasks import registry  # pylint: disable=g-import-not-at-top  # Only needed by the CLI.
+  from tff_decorr.tasks import registry  # pylint: disable=g-import-not-at-top  # Only needed by the CLI.
   try:
     return registry.get(name)
   except (KeyError, ValueError) as e:

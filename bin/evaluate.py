@@ -49,7 +49,7 @@ def evaluate_saved_model(saved_model: str, task_name, data_dir, batch_size: int,
   """Evaluates; returns the report dict (also written to output_dir). Raises ValueError on misuse."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr.tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   from tff_decorr.run_files import export  # pylint: disable=g-import-not-at-top
   from tff_decorr.collapse import plots  # pylint: disable=g-import-not-at-top
 

@@ -41,7 +41,7 @@ flags.DEFINE_string('output', None, 'Heatmap PNG path (default: partition_<task>
 def partition_counts(task_name, partition, alpha, classes_per_client, num_clients, seed,
                      data_dir):
   """(counts [clients, classes], task) for the given partition of the task's train split."""
-  from tasks import registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr.tasks import registry  # pylint: disable=g-import-not-at-top
   from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
   task = registry.get(task_name)
   _, labels, domains = task.load_split('train', data_dir)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tasks import autoaugment as autoaugment_lib
+from tff_decorr.tasks import autoaugment as autoaugment_lib
 
 
 def _split(seed: tf.Tensor, n: int) -> tf.Tensor:

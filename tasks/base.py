@@ -13,8 +13,8 @@ from typing import Callable, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from tasks import augment as augment_lib
-from tasks import client_data
+from tff_decorr.tasks import augment as augment_lib
+from tff_decorr.tasks import client_data
 
 
 class DatasetNotFoundError(FileNotFoundError):

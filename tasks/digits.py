@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 
-from tasks import base
+from tff_decorr.tasks import base
 
 _TEST_FRACTION = 0.2
 

@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from tasks import base
+from tff_decorr.tasks import base
 
 DOMAINS = ('clipart', 'infograph', 'painting', 'quickdraw', 'real', 'sketch')
 CLASSES = ('bird', 'feather', 'headphones', 'ice_cream', 'teapot', 'tiger', 'whale', 'windmill',

@@ -24,7 +24,7 @@ from typing import Optional
 
 import numpy as np
 
-from tasks import base
+from tff_decorr.tasks import base
 
 DOMAINS = ('amazon', 'caltech', 'dslr', 'webcam')
 CLASSES = ('back_pack', 'bike', 'calculator', 'headphones', 'keyboard', 'laptop_computer',

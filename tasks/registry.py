@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from tasks import base
-from tasks import digits
-from tasks import domainnet
-from tasks import office_caltech10
-from tasks import tfds_image
-from tasks import tiny_imagenet
+from tff_decorr.tasks import base
+from tff_decorr.tasks import digits
+from tff_decorr.tasks import domainnet
+from tff_decorr.tasks import office_caltech10
+from tff_decorr.tasks import tfds_image
+from tff_decorr.tasks import tiny_imagenet
 
 _TASKS = {t.name: t for t in (digits.TASK, tfds_image.CIFAR10, tfds_image.CIFAR100,
                               tiny_imagenet.TASK, office_caltech10.TASK,

@@ -14,7 +14,7 @@ from typing import ClassVar, Dict, Optional, Tuple
 
 import numpy as np
 
-from tasks import base
+from tff_decorr.tasks import base
 
 
 def _where(data_dir: Optional[str]) -> str:

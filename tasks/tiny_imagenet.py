@@ -26,8 +26,8 @@ from typing import ClassVar, Dict, Optional, Tuple
 
 import numpy as np
 
-from tasks import base
-from tasks import tfds_image
+from tff_decorr.tasks import base
+from tff_decorr.tasks import tfds_image
 
 URL = 'http://cs231n.stanford.edu/tiny-imagenet-200.zip'
 ZIP_NAME = 'tiny-imagenet-200.zip'

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tasks import registry as task_registry
+from tff_decorr.tasks import registry as task_registry
 from tests import testutil
 from tff_decorr.federated import aggregation
 from tff_decorr import algorithms

@@ -11,7 +11,7 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
-from bin import analyze
+from tff_decorr.bin import analyze
 from tests import testutil
 from tff_decorr.collapse import analysis
 from tff_decorr.run_files import export

@@ -12,9 +12,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from tasks import augment
-from tasks import client_data
-from tasks import registry
+from tff_decorr.tasks import augment
+from tff_decorr.tasks import client_data
+from tff_decorr.tasks import registry
 
 
 def _image(seed=0, shape=(32, 32, 3)):

@@ -8,8 +8,8 @@ from PIL import ImageEnhance
 from PIL import ImageOps
 import tensorflow as tf
 
-from tasks import augment
-from tasks import autoaugment as aa
+from tff_decorr.tasks import augment
+from tff_decorr.tasks import autoaugment as aa
 
 
 def _image(seed=0, shape=(32, 32, 3)):

@@ -15,7 +15,7 @@ from absl.testing import flagsaver
 import tensorflow as tf
 
 from tests import testutil
-from bin import train
+from tff_decorr.bin import train
 from tff_decorr.configs import cli
 from tff_decorr.configs import config
 from tff_decorr.run_files import run_dir

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import tensorflow_federated as tff
 
-from bin import train
+from tff_decorr.bin import train
 from tff_decorr import algorithms
 from tff_decorr import hparams
 from tff_decorr.runtimes import learning

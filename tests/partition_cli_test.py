@@ -7,7 +7,7 @@ from absl.testing import absltest
 import numpy as np
 
 from tests import testutil
-from tasks import registry
+from tff_decorr.tasks import registry
 from tff_decorr import partitions
 
 

@@ -28,7 +28,7 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
-from tasks import registry
+from tff_decorr.tasks import registry
 from tests import testutil
 from tff_decorr import models
 from tff_decorr import regularizers

@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tasks import client_data
+from tff_decorr.tasks import client_data
 from tff_decorr.run_files import checkpoint_files
 from tff_decorr.configs import cli
 from tff_decorr.run_files import client_state

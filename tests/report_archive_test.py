@@ -56,7 +56,7 @@ class ArchiveTest(absltest.TestCase):
     cls.proc = testutil.check(testutil.run_module(
         'bin.report', f'--study_dir={cls.archive}', f'--output_dir={cls.out}',
         '--thresholds=20,95'), 'bin/report on the archive')
-    from tasks import registry  # pylint: disable=g-import-not-at-top
+    from tff_decorr.tasks import registry  # pylint: disable=g-import-not-at-top
     cls.images = np.concatenate([x.numpy() for x, _ in registry.get('digits').test_dataset(None)])
 
   @classmethod

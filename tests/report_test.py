@@ -128,7 +128,7 @@ class ReportTest(absltest.TestCase):
     self.assertIn('6 runs (4 done, 1 incomplete, 1 not started)', md)
 
   def test_effective_rank_against_numpy(self):
-    from tasks import registry  # pylint: disable=g-import-not-at-top
+    from tff_decorr.tasks import registry  # pylint: disable=g-import-not-at-top
     images = np.concatenate([x.numpy() for x, _ in registry.get('digits').test_dataset(None)])
     for reg, row in self.rows.items():
       ranks = [_effective_rank(os.path.join(self.study_dir, 'runs', n, 'export', 'saved_model'),

@@ -16,7 +16,7 @@ from unittest import mock
 from absl.testing import absltest
 import numpy as np
 
-from tasks import client_data
+from tff_decorr.tasks import client_data
 from tests import testutil
 from tff_decorr.studies import study
 
@@ -253,7 +253,7 @@ class StudyCliTest(absltest.TestCase):
     for line, cell in zip(lines, manifest['cells']):
       words = shlex.split(line)
       self.assertEqual(words[:3], ['cd', testutil.REPO_ROOT, '&&'])
-      self.assertEqual(words[4:6], ['-m', 'bin.train'])
+      self.assertEqual(words[4:6], ['-m', 'tff_decorr.bin.train'])
       self.assertEqual(words[-1], f'--output_dir={os.path.join(plan_dir, "runs", cell["name"])}')
       # (study.json sorts keys; the command keeps bin/train's flag order.)
       self.assertCountEqual(words[6:-1], [f'--{k}={v}' for k, v in cell['flags'].items()])

@@ -10,11 +10,11 @@ from absl.testing import absltest
 import numpy as np
 from PIL import Image
 
-from tasks import base
-from tasks import domainnet
-from tasks import office_caltech10
-from tasks import registry
-from tasks import tiny_imagenet
+from tff_decorr.tasks import base
+from tff_decorr.tasks import domainnet
+from tff_decorr.tasks import office_caltech10
+from tff_decorr.tasks import registry
+from tff_decorr.tasks import tiny_imagenet
 
 
 def _jpeg(color, mode='RGB', size=(64, 64)) -> bytes:
@@ -112,7 +112,7 @@ class TinyImagenetTest(absltest.TestCase):
 
   def test_augmented_client_data_in_a_tf_function(self):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from tasks import client_data  # pylint: disable=g-import-not-at-top
+    from tff_decorr.tasks import client_data  # pylint: disable=g-import-not-at-top
     task = registry.get('tiny_imagenet')
     x, y, _ = task.load_split('train', self.data_dir)
     shards = os.path.join(tempfile.mkdtemp(), 'shards')

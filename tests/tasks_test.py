@@ -14,11 +14,11 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from bin import train
-from tasks import base
-from tasks import augment
-from tasks import client_data
-from tasks import registry
+from tff_decorr.bin import train
+from tff_decorr.tasks import base
+from tff_decorr.tasks import augment
+from tff_decorr.tasks import client_data
+from tff_decorr.tasks import registry
 from tests import testutil
 from tff_decorr import data_options
 from tff_decorr import partitions
@@ -46,7 +46,7 @@ class RegistryTest(absltest.TestCase):
 
   def test_every_task_is_consistent(self):
     import dataclasses  # pylint: disable=g-import-not-at-top
-    from tasks import augment  # pylint: disable=g-import-not-at-top
+    from tff_decorr.tasks import augment  # pylint: disable=g-import-not-at-top
     from tff_decorr.configs import config  # pylint: disable=g-import-not-at-top
     from tff_decorr import models  # pylint: disable=g-import-not-at-top
     self.assertEqual(set(registry.names()), {'digits', 'cifar10', 'cifar100', 'tiny_imagenet',

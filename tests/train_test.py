@@ -12,7 +12,7 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
-from tasks import registry
+from tff_decorr.tasks import registry
 from tests import testutil
 
 _TINY = ['--task=digits', '--num_clients=4', '--local_epochs=1', '--batch_size=64',
@@ -41,7 +41,7 @@ def _fake_office_caltech10(root):
   images per class in the four domains), prepared with the task's TFDS builder. Returns the
   data_dir."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
-  from tasks import office_caltech10  # pylint: disable=g-import-not-at-top
+  from tff_decorr.tasks import office_caltech10  # pylint: disable=g-import-not-at-top
   rng = np.random.RandomState(0)
   manual = os.path.join(root, 'manual')
   for d, domain in enumerate(office_caltech10.DOMAINS):

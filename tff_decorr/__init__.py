@@ -12,9 +12,20 @@ runs (studies/).
 Submodules are imported on first use, so importing the package itself does not import TensorFlow.
 """
 
+import os as _os
+
 from tff_decorr.lazy import lazy_submodules
 
 __version__ = '0.3.0'
+
+# tasks/ and bin/ are tff_decorr.tasks and tff_decorr.bin, their one import name: the wheel
+# installs them inside this package (pyproject.toml's package-dir); a checkout (and Bazel's
+# runfiles) keeps them beside it, so there the parent directory is one more place for this
+# package's submodules (docs/DESIGN.md, "Packaging").
+_PARENT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if (not _os.path.isdir(_os.path.join(__path__[0], 'tasks')) and
+    _os.path.isfile(_os.path.join(_PARENT, 'tasks', '__init__.py'))):
+  __path__.append(_PARENT)
 
 
 _submodule = lazy_submodules(__name__)

@@ -189,7 +189,7 @@ def main(argv):
       if finished[i] and seed in old.get('seeds', []):
         cell['seconds'][i] = old['seconds'][old['seeds'].index(seed)]
     if FLAGS.probe:
-      from tasks import registry  # pylint: disable=g-import-not-at-top
+      from tff_decorr.tasks import registry  # pylint: disable=g-import-not-at-top
       cell['probe'] = probe_runs([c.output_dir for c in configs], registry.get(configs[0].task),
                                  os.path.abspath(FLAGS.data_dir))
     elif 'probe' in old and old['seeds'] == cell['seeds']:

@@ -60,7 +60,7 @@ def _export_images(path: str, data_dir: str, count: int) -> None:
   """With TF (this project's venv): the first `count` CIFAR-10 train images in official order and
   the first 64 test images, as uint8 NHWC."""
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-  from tasks import registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr.tasks import registry  # pylint: disable=g-import-not-at-top
   task = registry.get('cifar10')
   x, y, _ = task.load_split('train', data_dir)
   xt, yt, _ = task.load_split('test', data_dir)

@@ -205,7 +205,7 @@ def reference_argv(algorithm: str, seed: int, regularizer: str = 'none', alpha: 
 def load_cifar10(data_dir: str):
   """(train images, train labels, test images, test labels) with the project's task loader."""
   sys.path.insert(0, ROOT)
-  from tasks import registry
+  from tff_decorr.tasks import registry
   task = registry.get('cifar10')
   x, y, _ = task.load_split('train', data_dir)
   xt, yt, _ = task.load_split('test', data_dir)

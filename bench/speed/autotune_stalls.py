@@ -30,7 +30,7 @@ from absl import flags
 
 from bench import _common
 from bench.speed import step_speed
-from tasks import registry
+from tff_decorr.tasks import registry
 from tff_decorr import data_options
 from tff_decorr import models
 from tff_decorr.run_files import export

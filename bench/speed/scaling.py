@@ -60,7 +60,7 @@ flags.DEFINE_string('child_out', '', 'Internal: output directory of the child se
 def child(pop: int, out: str) -> None:
   """One setting: writes out/result.json."""
   import psutil  # pylint: disable=g-import-not-at-top
-  from tasks import client_data  # pylint: disable=g-import-not-at-top
+  from tff_decorr.tasks import client_data  # pylint: disable=g-import-not-at-top
   from tff_decorr.run_files import client_state  # pylint: disable=g-import-not-at-top
   from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import composition  # pylint: disable=g-import-not-at-top

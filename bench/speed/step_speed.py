@@ -395,8 +395,8 @@ def _round_dataset_fn(name, steps):
 def _shard_dataset_fn(name, steps, root):
   """Clients of `steps` batches of random uint8 images in shard files, through the cifar10 task's
   client dataset (what a training run reads)."""
-  from tasks import client_data  # pylint: disable=g-import-not-at-top
-  from tasks import registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr.tasks import client_data  # pylint: disable=g-import-not-at-top
+  from tff_decorr.tasks import registry  # pylint: disable=g-import-not-at-top
   task = registry.get('cifar10')
   shape, classes = _shape(name)
   if tuple(shape) != tuple(task.input_shape) or classes != task.num_classes:
@@ -492,7 +492,7 @@ def _perturbation_trainer(ws, dataset, config, reg, x_test):
   return train
 
 def run_perturbation_mode():
-  from tasks import registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr.tasks import registry  # pylint: disable=g-import-not-at-top
   task = registry.get('digits')
   x_tr, y_tr, _ = task.load_split('train', None)
   x_te, _, _ = task.load_split('test', None)

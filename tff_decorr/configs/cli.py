@@ -185,7 +185,7 @@ def define_train_flags(fv) -> list:
   generated from the registries (a component registered before this call gets its flags too).
   bin/study defines them on a FlagValues of its own per configuration of its grid. Returns the
   generic flags' names (bin/train's --help lists those)."""
-  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr.tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   from tff_decorr.federated import aggregation  # pylint: disable=g-import-not-at-top
   from tff_decorr import algorithms  # pylint: disable=g-import-not-at-top
   from tff_decorr import hparams  # pylint: disable=g-import-not-at-top
@@ -295,7 +295,7 @@ class GivenFlags:
 def read_flags(fv) -> GivenFlags:
   """Step 1 of resolve_configs: reads the parsed flags `fv` (absl). Which of them are settings, and
   of what, is for the later steps to say; this one only reads values and the user's paths."""
-  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr.tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   task = task_registry.get(fv.task)
   values = {name: fv[name].value for name in fv
             if fv[name].name == name and fv[name].value is not None}

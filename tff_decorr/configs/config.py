@@ -178,7 +178,7 @@ GENERIC_FIELDS = tuple(f.name for f in dataclasses.fields(Config) if f.name != '
 
 def validate(c: Config) -> None:
   """Checks the generic settings (each component validates its own). Errors name the flag."""
-  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr.tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   from tff_decorr import models  # pylint: disable=g-import-not-at-top
 
   def bad(flag, msg):
@@ -544,7 +544,7 @@ def make(**values) -> Config:
   fields by name and component settings by their flag names (`dirichlet_alpha=0.5`,
   `feddecorr_beta=0.1`, `fedprox_mu=1e-3`); everything else from the task's and components'
   defaults, as bin/train resolves it. An unknown keyword is an error."""
-  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr.tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   task = task_registry.get(values.get('task', Config.task))
   generic, components, unknown = _split_settings(values)
   if unknown:

@@ -14,8 +14,8 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tasks import client_data
-from tasks import registry as task_registry
+from tff_decorr.tasks import client_data
+from tff_decorr.tasks import registry as task_registry
 from tff_decorr.federated import aggregation
 from tff_decorr import algorithms
 from tff_decorr.configs import config as config_lib

@@ -332,7 +332,7 @@ def _compute_measures(run: Run, datasets: Dict[tuple, Any], data_dir: Optional[s
                       max_examples: Optional[int], batch_size: int) -> dict:
   """run_spectra.compute for `run`, its task's test split loaded once per (task, data dir)."""
   # TensorFlow only when there is something to load: the table and curves need none.
-  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr.tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   from tff_decorr.run_files import export  # pylint: disable=g-import-not-at-top
   config = run.config or (run.summary or {}).get('config') or {}
   task = task_registry.get(config.get('task', 'digits'))

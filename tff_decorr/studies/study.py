@@ -11,8 +11,8 @@ A study directory holds
 
 Every cell is checked as bin/train checks its flags (the same flag definitions,
 `cli.define_train_flags`, and `cli.resolve_configs`) before anything runs, and every cell is run as
-a `python -m bin.train` child process, so a crash stays in its cell and the run-directory lock keeps
-two processes (local jobs, a Slurm array, a second study) from running one cell at once.
+a `python -m tff_decorr.bin.train` child process, so a crash stays in its cell and the run-directory
+lock keeps two processes (local jobs, a Slurm array, a second study) from running one cell at once.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class Cell:
     return os.path.join(study_dir, LOGS, f'{self.name}.log')
 
   def argv(self, study_dir: str, python: str = sys.executable) -> List[str]:
-    return [python, '-m', 'bin.train', *(f'--{k}={v}' for k, v in self.flags.items()),
+    return [python, '-m', 'tff_decorr.bin.train', *(f'--{k}={v}' for k, v in self.flags.items()),
             f'--output_dir={self.run_dir(study_dir)}']
 
   def command(self, study_dir: str, python: str = sys.executable) -> str:
@@ -205,7 +205,7 @@ def make_plan(grid: Mapping[str, Sequence[str]]) -> Plan:
   partition or aggregator is that component (bin/train refuses a setting its run does not use);
   cells that are then the same run are planned once. Without --regularizer, each cell runs the
   task's default regularisers (the embedded task: none and feddecorr), as bin/train does."""
-  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+  from tff_decorr.tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   component_of = _component_of_flag()
   resumable_axes = [n for n, v in grid.items() if n in config_lib.RESUMABLE_KEYS and len(v) > 1]
   cells: List[Cell] = []
@@ -385,7 +385,8 @@ class _Job:
 
 
 class Runner:
-  """Runs a plan's unfinished cells, `jobs` at a time, each as a `python -m bin.train` child."""
+  """Runs a plan's unfinished cells, `jobs` at a time, each a `python -m tff_decorr.bin.train`
+  child."""
 
   def __init__(self, study_dir: str, plan: Plan, jobs: int = 1, command: Sequence[str] = (),
                log: Callable[[str], None] = print, python: str = sys.executable,
