@@ -11,8 +11,9 @@ command resumes from the last completed round.
 Flag defaults marked "task default" come from the task's paper settings (docs/tasks.md). Each
 algorithm, regulariser and partition has its own flags, `--<component>_<setting>`, generated from
 the setting it declares (tff_decorr.hparams): `--fedprox_mu`, `--moon_temperature`,
-`--feddecorr_beta`, `--dirichlet_alpha`, ... (`--help` lists them). This file only parses flags and
-reports errors: the training program is `tff_decorr.run.training.train`.
+`--feddecorr_beta`, `--dirichlet_alpha`, ... (`--helpfull` lists them; `--help` lists the generic
+ones). This file only parses flags and reports errors: the training program is
+`tff_decorr.run.training.train`.
 """
 
 from __future__ import annotations
@@ -22,17 +23,13 @@ import os
 from absl import app
 from absl import flags
 
+# Nothing here imports TensorFlow: the flags are defined and parsed first, so --help and a mistyped
+# flag answer at once; cli.parse_flags_or_exit imports TensorFlow once they are parsed.
+from tff_decorr import tf_env
+from tff_decorr.configs import cli
+
 # Keep TF's C++ start-up chatter out of the progress output unless the user asks for it.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top  (before TF)
-if __name__ == '__main__':
-  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
-
-# TensorFlow must be imported before absl's app.run: imported for the first time inside main(),
-# Keras 2.14 builds functional models from graph tensors and fails ("SymbolicTensor ... node").
-import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
-
-from tff_decorr.configs import cli  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
 
@@ -45,11 +42,12 @@ def define_flags(fv: flags.FlagValues = FLAGS) -> None:
     flags.declare_key_flag(name, flag_values=fv)
   # bin/train's own (bin/study never starts a worker itself): not part of a run's configuration.
   flags.DEFINE_bool(
-      'worker_listen_all', False,
-      'Let the local TFF worker (--runtime=tff) listen on every network interface, unchecked, '
-      'where it can be neither in a network namespace of its own nor kept on loopback (no C '
-      'compiler). Its service is unauthenticated: anyone who can reach the port can run any '
-      'TensorFlow graph as this user. Without it, such a run is refused (docs/security.md).',
+      'worker_without_namespace', False,
+      'Where the local TFF worker (--runtime=tff) cannot have a network namespace of its own (no '
+      'unshare, user namespaces not allowed), run it on 127.0.0.1 instead, through the loopback '
+      'library (proven on a canary process before the worker starts). Its service is '
+      'unauthenticated: every user of this machine can then connect to it and run any TensorFlow '
+      'graph as you. Without it, such a run is refused (docs/security.md).',
       flag_values=fv)
 
 
@@ -81,10 +79,15 @@ def run(fv: flags.FlagValues) -> int:
   from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import phases  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
-  tff_context.set_listen_all(fv.worker_listen_all)
+  tff_context.set_without_namespace(fv.worker_without_namespace)
+  configs = resolve_configs(fv)
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
+  if any(config_lib.choose_runtime(c.runtime, c.workers, c.aggregator)[0] == 'tff' and
+         not c.workers for c in configs):
+    tff_context.check_local_worker_allowed()  # Refused before anything is built or written.
   results = []
   start_up = phases.since_process_start()  # Interpreter, imports, flags: the first run's share.
-  for config in resolve_configs(fv):
+  for config in configs:
     print(run_header(config, fv.runtime), flush=True)
     timer = phases.Phases()
     if start_up is not None:
@@ -120,5 +123,12 @@ def run(fv: flags.FlagValues) -> int:
 
 define_flags()
 
+
+def entry() -> None:
+  """The program, as the console script tff-decorr-train, `python -m bin.train` or Bazel runs it."""
+  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
+  cli.run_program('train', main, __name__, __doc__)
+
+
 if __name__ == '__main__':
-  app.run(main, flags_parser=cli.parse_flags_or_exit('train'))
+  entry()

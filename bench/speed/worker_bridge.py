@@ -102,7 +102,7 @@ def _loopback_worker() -> tff_context.WorkerProcess:
   saved = netns._available  # pylint: disable=protected-access
   netns._available = (False, 'bench: the loopback worker')  # pylint: disable=protected-access
   try:
-    return tff_context.WorkerProcess()
+    return tff_context.WorkerProcess(without_namespace=True)
   finally:
     netns._available = saved  # pylint: disable=protected-access
 
@@ -154,7 +154,8 @@ def _round_time(tmp: str, name: str, env: dict, rounds: int = 0) -> float:
   rounds = rounds or FLAGS.rounds
   cmd = [sys.executable, '-m', 'bin.train', *_setting_flags(rounds), '--runtime=tff',
          f'--eval_every={rounds}',
-         f'--cache_dir={os.path.join(tmp, "cache")}', f'--output_dir={out}']
+         f'--cache_dir={os.path.join(tmp, "cache")}', f'--output_dir={out}',
+         '--worker_without_namespace']  # Used only where netns.DISABLE_ENV=0 is set.
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                         env=dict(os.environ, **env))
   if proc.returncode:

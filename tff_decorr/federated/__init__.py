@@ -1,6 +1,6 @@
 """The TFF machinery the runtimes use: tff.aggregators behind --aggregator (aggregation), the TFF
 execution context the project owns (tff_context), its workers' own network namespace behind an
-owner-only Unix socket (netns, netns_bridge) and the loopback fallback (loopback).
+owner-only Unix socket (netns, netns_bridge) and the loopback opt-in where there is none (loopback).
 The tff.learning API is a runtime over it (tff_decorr.runtimes.learning, a layer up).
 
 Submodules are imported on first use (tff_decorr.lazy.lazy_submodules).

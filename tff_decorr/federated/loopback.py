@@ -1,30 +1,37 @@
-"""Keeping TFF's worker reachable from this machine only, and checking that it is.
+"""Keeping TFF's worker reachable from this machine only, proven before it starts and checked after.
 
 TFF 0.87's `worker_binary` listens on `[::]:<port>` (every interface) and has no flag to change
-it; its gRPC service is unauthenticated and runs any TensorFlow graph it is sent. The project
-therefore starts the worker with a tiny preloaded library (`loopback_bind.c`, beside this file)
-that turns its wildcard bind into a loopback bind. Nothing here needs root: LD_PRELOAD works for any
-user on an ordinary (not set-uid) binary. The library is compiled once from its source with the
-system C compiler (`make setup` does it, into the virtual environment; otherwise it is built on
-first use into the user's cache folder, mode 0700). A file found there is used only when it and
-its folder belong to the user (or root) and nobody else can write them; no shared folder such as
-/tmp is ever searched, where another user could plant the file first. It is named by the
-source's hash, so an edited source is rebuilt. Where it cannot be built, the worker is not started
-(`unavailable_reason` says why), unless the user asked for an exposed worker.
+it; its gRPC service is unauthenticated and runs any TensorFlow graph it is sent. Where the worker
+cannot have a network namespace of its own (netns.py, the default), and only when the user accepts
+that every local user can then connect to it (bin/train --worker_without_namespace, bin/worker
+--port), the project starts the worker with a tiny preloaded library (`loopback_bind.c`, beside
+this file) that turns its wildcard bind into a loopback bind. Nothing here needs root: LD_PRELOAD
+works for any user on an ordinary (not set-uid) binary. The library is compiled once from its
+source with the system C compiler (`make setup` does it, into the virtual environment; otherwise
+it is built on first use into the user's cache folder, mode 0700). A file found there is used only
+when no other user can replace it or a folder on its path (`untrusted_reason`: owner and mode of
+the file and of every folder up to /, wherever the checkout lives). It is named by the source's
+hash, so an edited source is rebuilt. Where it cannot be built, the worker is not started
+(`unavailable_reason` says why).
 
-This is the fallback for machines without user namespaces (netns.py is the first choice: there
-the worker has no network at all). `problems(pid, port, library)` reads from /proc what the
-worker really listens on and whether the library is mapped into it; the run refuses to send a
-computation to a worker with any problem: a claim about sockets is verified on the sockets.
+Before the worker starts, `canary_problems` proves the library: a canary process, started by the
+worker binary's own program interpreter (its dynamic loader) with the worker's exact environment
+(`worker_environment`: the loader's variables of the user's environment removed), binds the
+wildcard addresses and reports where the kernel put them; anything off loopback, or the library
+not mapped into it, refuses the run before the worker exists. After start-up, `problems(pid, port,
+library)` reads from /proc what the worker really listens on and whether the library is mapped
+into it: a claim about sockets is verified on the sockets.
 """
 
 from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -55,8 +62,8 @@ def cache_dir() -> str:
 
 def _candidate_dirs() -> list[str]:
   """Where a built library is looked for, and built when missing: the virtual environment first
-  (what `make setup` fills), then the user's cache folder. Never a shared folder such as /tmp,
-  where another user could create the file first."""
+  (what `make setup` fills), then the user's cache folder. A file in either is used only if it
+  passes `untrusted_reason`, wherever the folder is (a checkout under /tmp included)."""
   return [venv_dir(), cache_dir()]
 
 
@@ -64,28 +71,100 @@ def _writable_by_others(st: os.stat_result) -> bool:
   return bool(st.st_mode & 0o022)
 
 
-def untrusted_reason(path: str) -> Optional[str]:
-  """Why the library file or folder at `path` cannot be trusted (None: it can): it must be a
-  regular file or a folder (not a symbolic link), owned by this user or root, writable by its
-  owner only; so must the folder holding it. Read with lstat, before anything is loaded."""
+def _owner(st: os.stat_result) -> Optional[str]:
+  """Why a file with `st` is not owned by this user or root (None: it is)."""
   uid = os.getuid()
-  for p in (path, os.path.dirname(path)):
-    try:
-      st = os.lstat(p)
-    except OSError as e:
-      return f'{p}: {e.strerror}'
-    if stat.S_ISLNK(st.st_mode):
-      return f'{p} is a symbolic link'
-    if st.st_uid not in (uid, 0):
-      return f'{p} is owned by uid {st.st_uid}, not by this user ({uid}) or root'
-    if _writable_by_others(st):
-      return f'{p} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})'
+  if st.st_uid in (uid, 0):
+    return None
+  return f'is owned by uid {st.st_uid}, not by this user ({uid}) or root'
+
+
+def _entry_reason(path: str, folder: bool, sticky_ok: bool = False) -> Optional[str]:
+  """Why the folder (or, not `folder`, the regular file) at `path` could be replaced by another
+  user (None: it cannot): read with lstat, it must be of that kind (a file not a symbolic link),
+  owned by this user or root, and not writable by group or others, unless `sticky_ok` and it is a
+  sticky folder."""
+  try:
+    st = os.lstat(path)
+  except OSError as e:
+    return f'{path}: {e.strerror}'
+  if not folder and stat.S_ISLNK(st.st_mode):
+    return f'{path} is a symbolic link'
+  why = _owner(st)
+  if why:
+    return f'{path} {why}'
+  if not (stat.S_ISDIR if folder else stat.S_ISREG)(st.st_mode):
+    return f'{path} is not a {"folder" if folder else "regular file"}'
+  if _writable_by_others(st) and not (sticky_ok and stat.S_ISDIR(st.st_mode) and
+                                      st.st_mode & stat.S_ISVTX):
+    return (f'{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})' +
+            (': another user could replace what is below it' if folder else ''))
   return None
+
+
+_MAX_LINKS = 40  # As the kernel's path walk: more symbolic links than this is a loop.
+
+
+def folder_untrusted_reason(folder: str) -> Optional[str]:
+  """Why a user other than this one (or root) could replace `folder` or a folder on its path,
+  and so what is in it (None: nobody can).
+
+  The path is walked from / as the kernel resolves it, symbolic links followed, and every entry
+  met is read with lstat. The rule, for each one:
+  - it is owned by this user or root (a symbolic link too: its owner may replace it in a sticky
+    folder);
+  - it is not writable by group or others, unless it is a sticky folder (mode +t, as /tmp) that
+    is not `folder` itself: in a sticky folder only an entry's owner, the folder's owner and root
+    can rename or remove the entry, and the next entry's owner is checked in turn. So a checkout
+    cloned under /tmp is trusted when its own folders are the user's and not writable by others;
+    a group-writable folder anywhere on the path is refused (its group could swap what is below
+    it), and so is a folder of another user.
+  Access control lists are not read: a folder given to others by an ACL alone is not seen.
+  """
+  # Not os.path.abspath: it removes '..' by the text, and the kernel resolves it after links.
+  absolute = folder if folder.startswith('/') else os.path.join(os.getcwd(), folder)
+  pending = [p for p in absolute.split('/') if p]
+  current, links = '/', 0
+  why = _entry_reason(current, folder=True, sticky_ok=True)
+  while pending and not why:
+    name = pending.pop(0)
+    if name in ('.', '..'):  # Back to a folder checked on the way down.
+      current = os.path.dirname(current) if name == '..' else current
+      continue
+    path = os.path.join(current, name)
+    try:
+      st = os.lstat(path)
+    except OSError as e:
+      return f'{path}: {e.strerror}'
+    if stat.S_ISLNK(st.st_mode):  # Followed as the kernel does; the link's owner is checked.
+      why = _owner(st)
+      if why:
+        return f'{path} {why}'
+      links += 1
+      if links > _MAX_LINKS:
+        return f'{folder}: too many levels of symbolic links'
+      target = os.readlink(path)
+      current = '/' if target.startswith('/') else current
+      pending = [p for p in target.split('/') if p] + pending
+      continue
+    why = _entry_reason(path, folder=True, sticky_ok=True)
+    current = path
+  # The folder itself, however it was reached, with no exemption for a sticky folder.
+  return why or _entry_reason(current, folder=True)
+
+
+def untrusted_reason(path: str) -> Optional[str]:
+  """Why the library file at `path` cannot be trusted (None: it can): it must be a regular file
+  (not a symbolic link), owned by this user or root, writable by its owner only, in a folder that
+  passes `folder_untrusted_reason` (owner and mode of every folder up to /). Read with lstat,
+  before anything is loaded."""
+  return _entry_reason(path, folder=False) or folder_untrusted_reason(os.path.dirname(path))
 
 
 def _private_dir(directory: str) -> None:
   """Creates `directory` with mode 0700, or checks an existing one: owned by this user, and made
-  0700 if it was only readable by others. Raises OSError when it cannot be trusted."""
+  0700 if it was only readable by others; every folder above it must pass
+  `folder_untrusted_reason`. Raises OSError when it cannot be trusted."""
   os.makedirs(os.path.dirname(directory), mode=0o700, exist_ok=True)
   try:
     os.mkdir(directory, 0o700)
@@ -97,11 +176,9 @@ def _private_dir(directory: str) -> None:
                   f'(mode {stat.S_IMODE(st.st_mode):04o}, owner {st.st_uid})')
   if st.st_mode & 0o077:
     os.chmod(directory, 0o700)
-  parent = os.lstat(os.path.dirname(directory))
-  if parent.st_uid not in (os.getuid(), 0) or (_writable_by_others(parent) and
-                                               not parent.st_mode & stat.S_ISVTX):
-    # A sticky folder (/tmp) lets nobody else rename or remove what we made in it.
-    raise OSError(f'{os.path.dirname(directory)} can be written by other users')
+  why = folder_untrusted_reason(directory)
+  if why:
+    raise OSError(why)
 
 
 def compiler() -> Optional[str]:
@@ -163,6 +240,106 @@ def library() -> Optional[str]:
 
 def unavailable_reason() -> str:
   return _reason or ''
+
+
+# The dynamic loader's variables. They decide what is loaded into the worker and how its calls
+# bind, so none comes from the user's environment: LD_PRELOAD (a library whose bind() runs before
+# ours, or after ours through RTLD_NEXT, and binds the wildcard again), LD_AUDIT (an audit module
+# may redirect any symbol binding), LD_LIBRARY_PATH (another libc, whose bind() ours would call),
+# and every other LD_* (LD_BIND_NOT, LD_DYNAMIC_WEAK, LD_ORIGIN_PATH, LD_PROFILE, LD_DEBUG, ...)
+# and GLIBC_TUNABLES (which tunes the loader too). worker_binary needs none of them: it links only
+# system libraries (libc, libm, libstdc++, libgcc_s). /etc/ld.so.preload is root's, trusted as libc.
+def _loader_variable(name: str) -> bool:
+  return name.startswith('LD_') or name == 'GLIBC_TUNABLES'
+
+
+def worker_environment(env: dict, library_path: Optional[str]) -> dict:
+  """`env` without the dynamic loader's variables, plus LD_PRELOAD=`library_path` when given:
+  the environment the worker (and the canary that proves the library) is started with."""
+  clean = {k: v for k, v in env.items() if not _loader_variable(k)}
+  if library_path is not None:
+    clean['LD_PRELOAD'] = library_path
+  return clean
+
+
+def interpreter(binary: str) -> Optional[str]:
+  """The program interpreter (dynamic loader) an ELF executable names (PT_INTERP), e.g.
+  /lib64/ld-linux-x86-64.so.2; None for a file that is not a dynamically linked ELF program."""
+  with open(binary, 'rb') as f:
+    head = f.read(64)
+    if len(head) < 52 or head[:4] != b'\x7fELF' or head[4] not in (1, 2) or head[5] not in (1, 2):
+      return None
+    wide, order = head[4] == 2, '<' if head[5] == 1 else '>'
+    if wide:
+      (phoff,), (phentsize, phnum) = (struct.unpack_from(order + 'Q', head, 32),
+                                      struct.unpack_from(order + 'HH', head, 54))
+    else:
+      (phoff,), (phentsize, phnum) = (struct.unpack_from(order + 'I', head, 28),
+                                      struct.unpack_from(order + 'HH', head, 42))
+    for i in range(phnum):
+      f.seek(phoff + i * phentsize)
+      header = f.read(phentsize)
+      if struct.unpack_from(order + 'I', header, 0)[0] != 3:  # PT_INTERP
+        continue
+      offset, size = (struct.unpack_from(order + 'QQQQ', header, 8)[::3] if wide else
+                      struct.unpack_from(order + 'IIII', header, 4)[::3])
+      f.seek(offset)
+      return f.read(size).split(b'\0', 1)[0].decode()
+  return None
+
+
+# The canary: reports whether the library (argv[1]) is mapped into it and where the kernel put
+# its binds of the wildcard addresses, as gRPC makes them (IPv6 dual-stack, and IPv4). Its
+# sockets are bound, never listening: nothing can connect to them, wherever they landed.
+_CANARY = """
+import json, socket, sys
+with open('/proc/self/maps') as f:
+  mapped = any(line.rstrip().endswith(' ' + sys.argv[1]) for line in f)
+bound = []
+for family, host in ((socket.AF_INET6, '::'), (socket.AF_INET, '0.0.0.0')):
+  try:
+    s = socket.socket(family, socket.SOCK_STREAM)
+  except OSError:
+    continue  # No IPv6 in this kernel: gRPC then binds IPv4 only.
+  with s:
+    if family == socket.AF_INET6:
+      s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.bind((host, 0))
+    bound.append(s.getsockname()[0])
+print(json.dumps({'mapped': mapped, 'bound': bound}))
+"""
+
+
+def canary_problems(binary: str, env: dict, library_path: str) -> list[str]:
+  """Why the library would not keep `binary` on loopback (empty: it would), found before the
+  binary runs: a canary process is started by `binary`'s own program interpreter (the same
+  loader), with `env` (the worker's environment, LD_PRELOAD included), binds the wildcard
+  addresses, and reports where they landed; each must be loopback, and the library must be mapped
+  into it (a library the loader skips, corrupt or of another architecture, is not)."""
+  loader = interpreter(binary)
+  if loader is None:
+    return [f'{binary} is not a dynamically linked program: no preloaded library can reach it']
+  python = os.path.realpath(sys.executable)
+  library_path = os.path.realpath(library_path)
+  try:
+    out = subprocess.run([loader, python, '-I', '-S', '-c', _CANARY, library_path], env=env,
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+  except (OSError, subprocess.TimeoutExpired) as e:
+    return [f'the canary ({loader} {python}) did not run: {e}']
+  said = ' | '.join(l.strip() for l in out.stderr.splitlines() if l.strip())[-600:]
+  try:
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+  except (IndexError, ValueError):
+    return [f'the canary ({loader} {python}) failed (exit {out.returncode}): {said or "no output"}']
+  found = []
+  if not result['mapped']:
+    found.append(f'the loopback library {library_path} did not load into a canary started as the '
+                 f'worker would be{f" ({said})" if said else ""}')
+  exposed = [h for h in result['bound'] if not is_loopback(h)]
+  if exposed or not result['bound']:
+    found.append(f'the canary\'s wildcard binds landed on {", ".join(exposed) or "nothing"}, '
+                 'off loopback')
+  return found
 
 
 def _socket_inodes(pid: int) -> set[str]:

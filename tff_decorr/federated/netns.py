@@ -12,7 +12,8 @@ which runs inside the namespace. gRPC clients connect to `unix:<path>`. So:
 - the worker's port is picked inside the namespace, where nothing else can take it.
 
 `available()` says whether this machine allows it (some containers forbid user namespaces); the
-caller then falls back to the loopback library (loopback.py) and checks the worker's sockets.
+caller then refuses to start the worker, unless the user accepts a worker on 127.0.0.1 that every
+local user can reach (tff_context's `without_namespace`, through loopback.py).
 `problems(pid)` is the check on the running worker, read from the kernel (/proc and the socket
 file), never assumed from how it was started.
 """
@@ -29,8 +30,9 @@ from typing import Optional
 
 BRIDGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'netns_bridge.py')
 SOCKET_NAME = 'worker.sock'
-# Set to 0 to use the loopback library even where namespaces work (tests of that path, and
-# machines where an administrator prefers it); the run's checks are the same strict ones.
+# Set to 0 to act as if user namespaces were not allowed: the way to test that path (refused
+# without the opt-in, the loopback library with it), and for machines where an administrator
+# prefers it; the run's checks are the same strict ones.
 DISABLE_ENV = 'TFF_DECORR_WORKER_NAMESPACE'
 
 _available: Optional[tuple[bool, str]] = None

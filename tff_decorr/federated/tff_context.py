@@ -11,9 +11,11 @@ returns (docs/reference.md §8). Here we start the worker ourselves:
   process cannot orphan it;
 - it is stopped at interpreter exit (`atexit`) and on SIGTERM/SIGINT/SIGHUP;
 - it has no network of its own (a user+network namespace, reached through a 0600 Unix socket:
-  netns.py), or, where namespaces are not allowed, it listens on loopback (loopback.py); either
-  way it is checked from the kernel's side before the first computation, and refused otherwise
-  (WorkerExposedError, one line).
+  netns.py); where namespaces are not allowed it is not started (WorkerExposedError, one line
+  naming the opt-in), unless the user accepts that every local user can connect to it
+  (`without_namespace`: bin/train --worker_without_namespace), and then it listens on loopback
+  through a library proven on a canary process before the worker starts (loopback.py); either
+  way it is checked from the kernel's side before the first computation, and refused otherwise.
 The same machinery connects to remote workers (`workers=['unix:/path', 'host:port', ...]`), which
 is how simulations are spread over several machines with TFF's own runtime (docs/remote_workers.md).
 A remote worker that cannot be reached, or that stops answering during a computation, raises
@@ -108,15 +110,40 @@ class WorkerExposedError(RuntimeError):
   """The local worker could be reached by someone else; it was stopped before any computation."""
 
 
-# bin/train --worker_listen_all: the local worker may listen on every interface (TFF's default).
-_listen_all = False
+# bin/train --worker_without_namespace: where the local worker cannot have a network namespace of
+# its own, it may listen on 127.0.0.1, where every local user can connect to it.
+_without_namespace = False
 
 
-def set_listen_all(listen_all: bool) -> None:
-  """Whether the workers `install` starts listen on every interface, unchecked (an explicit
-  choice of the user: bin/train --worker_listen_all). Off: isolated, or refused."""
-  global _listen_all
-  _listen_all = bool(listen_all)
+def set_without_namespace(without_namespace: bool) -> None:
+  """The default of `install`'s and `install_program`'s `without_namespace` (bin/train
+  --worker_without_namespace): whether a local worker that cannot have a network namespace of its
+  own may run on 127.0.0.1, reachable by every user of this machine. Off: refused."""
+  global _without_namespace
+  _without_namespace = bool(without_namespace)
+
+
+def no_namespace_message(why: str) -> str:
+  """The one line that refuses a local worker without a network namespace (`why`: the reason)."""
+  return (f'refusing to start the TFF worker: it cannot have a network namespace of its own '
+          f'({why}), and without one every user of this machine can connect to its '
+          'unauthenticated service, which runs any TensorFlow graph as you. Allow unprivileged '
+          'user namespaces (sysctl kernel.unprivileged_userns_clone=1 and '
+          'user.max_user_namespaces > 0, or a container that permits unshare); or accept that '
+          'exposure to local users with --worker_without_namespace (bin/train) or '
+          'without_namespace=True (tff_context.install, install_program, WorkerProcess).')
+
+
+def check_local_worker_allowed(without_namespace: Optional[bool] = None) -> None:
+  """Raises WorkerExposedError (one line, `no_namespace_message`) when a local worker could not
+  have a network namespace of its own and `without_namespace` (default: `set_without_namespace`)
+  does not accept that. Cheap (one `unshare ... true`, once per process): for a refusal before a
+  run writes or builds anything."""
+  if without_namespace is None:
+    without_namespace = _without_namespace
+  ok, why = netns.available()
+  if not ok and not without_namespace:
+    raise WorkerExposedError(no_namespace_message(why))
 
 
 def _log_tail(path: str, lines: int = 8) -> str:
@@ -131,7 +158,7 @@ def _log_tail(path: str, lines: int = 8) -> str:
 
 
 _START_ATTEMPTS = 4
-_fallback_said = False  # The loopback fallback's one warning line, once per process.
+_fallback_said = False  # The loopback opt-in's one warning line, once per process.
 
 
 def _worker_preexec() -> None:
@@ -146,15 +173,22 @@ class WorkerProcess:
   """One `worker_binary` serving TFF's executor service to this user only.
 
   TFF's service is unauthenticated and runs whatever graph it is sent, and TFF's binary listens on
-  every interface. How it is kept to this user, in order of preference (docs/security.md):
+  every interface. How it is kept to this user (docs/security.md):
   - `isolation == 'namespace'`: the worker runs in a user+network namespace of its own (netns.py)
     and is reached through a Unix socket, mode 0600 in a 0700 folder (`address` is
     'unix:<path>'); its port is picked inside the namespace, where nothing can take it. Used
     when the machine allows user namespaces and no `port` is asked for, or when `socket_path`
-    is given (bin/worker --socket).
-  - `isolation == 'loopback'`: the loopback library (loopback.py) is preloaded and the worker
-    listens on 127.0.0.1:`port`. Other local users can still connect (docs/security.md).
-  - `isolation == 'none'`: `listen_all=True`, TFF's own behaviour, only when asked for.
+    is given (bin/worker --socket). Where namespaces are not allowed and neither `port` nor
+    `without_namespace` is given, nothing is started: WorkerExposedError, one line naming the
+    opt-in.
+  - `isolation == 'loopback'`: asked for with `port` (bin/worker --port) or, without a
+    namespace, with `without_namespace=True`: every local user can connect. The loopback
+    library (loopback.py) is proven before the worker starts, on a canary process started by the
+    worker binary's loader with the worker's environment (whose loader variables, LD_PRELOAD
+    included, are the library's alone: loopback.worker_environment); the worker then listens on
+    127.0.0.1:`port`.
+  - `isolation == 'none'`: `listen_all=True`, TFF's own behaviour, only when asked for
+    (bin/worker --port --listen_all).
   Before the constructor returns, the worker is checked from the kernel's side (`problems`: the
   namespace and socket file, or the library mapped into it and its listening sockets); a worker
   with a problem is stopped and WorkerExposedError raised, with one line saying why and what to
@@ -165,7 +199,8 @@ class WorkerProcess:
 
   def __init__(self, port: Optional[int] = None, max_concurrent_computation_calls: int = -1,
                log_path: Optional[str] = None, listen_all: bool = False,
-               socket_path: Optional[str] = None, timeout: float = 60.0):
+               socket_path: Optional[str] = None, timeout: float = 60.0,
+               without_namespace: bool = False):
     self._temporary_log = log_path is None
     if log_path is None:
       fd, log_path = tempfile.mkstemp(prefix='tff_worker_', suffix='.log')
@@ -181,6 +216,7 @@ class WorkerProcess:
     self.port = port
     self.process: Optional[subprocess.Popen] = None
     namespace_ok, namespace_reason = (False, 'not asked for') if listen_all else netns.available()
+    self._announce = False  # Whether to warn, once checked, that local users can connect.
     if listen_all:
       self.isolation = 'none'
     elif socket_path is not None or (port is None and namespace_ok):
@@ -191,6 +227,9 @@ class WorkerProcess:
             'allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) or '
             'serve it on a loopback port instead (bin/worker --port).')
       self.isolation = 'namespace'
+    elif port is None and not without_namespace:
+      self._close_log()
+      raise WorkerExposedError(no_namespace_message(namespace_reason))
     else:
       self._library = loopback.library()
       if self._library is None:
@@ -200,14 +239,10 @@ class WorkerProcess:
             f'unauthenticated. No network namespace ({namespace_reason}) and no loopback library '
             f'({loopback.unavailable_reason()}). Install a C compiler (make setup installs gcc) '
             'or allow user namespaces; or, knowing anyone who can reach the port can run code as '
-            'you, pass --worker_listen_all (bin/train) or --listen_all (bin/worker).')
+            'you, pass --listen_all (bin/worker --port).')
       self.isolation = 'loopback'
-      global _fallback_said
-      if port is None and not _fallback_said:
-        _fallback_said = True
-        logging.warning('The TFF worker listens on 127.0.0.1 (checked), not in a network namespace '
-                        'of its own (%s): other users of this machine can connect to it.',
-                        namespace_reason)
+      self._namespace_reason = namespace_reason
+      self._announce = port is None
     with _lock:
       _processes.append(self)
     _install_handlers()
@@ -229,8 +264,9 @@ class WorkerProcess:
 
   def _start(self, socket_path: Optional[str], timeout: float) -> None:
     # The worker's own TensorFlow reads TF_ENABLE_ONEDNN_OPTS at start-up (tf_env: on unless the
-    # user set it; docs/benchmarks.md §7 verifies that the worker honours it).
-    env = tf_env.worker_environment()
+    # user set it; docs/benchmarks.md §7 verifies that the worker honours it). The dynamic loader's
+    # variables are dropped on every path: on loopback, LD_PRELOAD is the library alone.
+    env = loopback.worker_environment(tf_env.worker_environment(), self._library)
     if self.isolation == 'namespace':
       if socket_path is None:
         self._folder = netns.private_folder()
@@ -243,7 +279,14 @@ class WorkerProcess:
       self.check()
       return
     if self.isolation == 'loopback':
-      env['LD_PRELOAD'] = f'{self._library} {env.get("LD_PRELOAD", "")}'.strip()
+      # Proven before the worker exists: a worker whose library failed would listen on every
+      # interface until the check after start-up stopped it.
+      found = loopback.canary_problems(worker_binary_path(), env, self._library)
+      if found:
+        raise WorkerExposedError(
+            f'refusing to start the TFF worker on 127.0.0.1: {"; ".join(found)}. Nothing was '
+            'started. Rebuild the library (make setup, or remove the file to have it rebuilt) and '
+            'run again.')
     picked = self.port is None
     for attempt in range(_START_ATTEMPTS if picked else 1):
       if picked:
@@ -264,10 +307,16 @@ class WorkerProcess:
         logging.info('TFF worker on port %d did not get the port; trying another port', self.port)
     if self.isolation == 'none':
       logging.warning('The TFF worker on port %d listens on every interface of this machine, '
-                      'unauthenticated, as asked (bin/worker --listen_all, bin/train '
-                      '--worker_listen_all).', self.port)
+                      'unauthenticated, as asked (bin/worker --listen_all).', self.port)
     else:
       self.check()
+      global _fallback_said
+      if self._announce and not _fallback_said:  # Said only now, after the checks have run.
+        _fallback_said = True
+        logging.warning('The TFF worker listens on 127.0.0.1 (checked: a canary before it started, '
+                        'its sockets after), not in a network namespace of its own (%s), as '
+                        'accepted (without_namespace): other users of this machine can connect to '
+                        'it.', self._namespace_reason)
 
   def _start_failure(self, what: str) -> str:
     where = self.socket_path or f'port {self.port}'
@@ -318,10 +367,8 @@ class WorkerProcess:
       self.stop()
       raise WorkerExposedError(
           f'refusing to use the TFF worker: {"; ".join(found)}. Its service is unauthenticated '
-          'and runs any TensorFlow graph it is sent. Run where user namespaces are allowed or '
-          'with the loopback library built (make setup); or, knowing anyone who can reach the '
-          'port can run code as you, pass --worker_listen_all (bin/train) or --listen_all '
-          '(bin/worker).')
+          'and runs any TensorFlow graph it is sent. Run where user namespaces are allowed, or '
+          'with the loopback library rebuilt (make setup).')
 
   def listening(self) -> str:
     """Where the worker can be reached, as the kernel reports it (for bin/worker's first line)."""
@@ -579,8 +626,8 @@ class _LocalStub:
   """Starts the local worker lazily, and again if it died (TFF's own manager does the same)."""
 
   def __init__(self, max_concurrent_computation_calls: int, log_path: Optional[str],
-               timeout: float, listen_all: bool = False):
-    self._args = (max_concurrent_computation_calls, log_path, listen_all)
+               timeout: float, without_namespace: bool = False):
+    self._args = (max_concurrent_computation_calls, log_path, without_namespace)
     self._timeout = timeout
     self._process: Optional[WorkerProcess] = None
     self._stub = None
@@ -593,14 +640,15 @@ class _LocalStub:
     # The constructor returns only a worker checked from the kernel's side (WorkerProcess.check):
     # no computation reaches a worker others could reach.
     self._process = WorkerProcess(max_concurrent_computation_calls=self._args[0],
-                                  log_path=self._args[1], listen_all=self._args[2],
+                                  log_path=self._args[1], without_namespace=self._args[2],
                                   timeout=self._timeout)
     self._stub = _remote_stub(self._process.address, self._process, self._timeout)
     return self._stub
 
 
 def install(max_concurrent_computation_calls: int = -1, log_path: Optional[str] = None,
-            workers: Sequence[str] = (), timeout: float = 60.0) -> None:
+            workers: Sequence[str] = (), timeout: float = 60.0,
+            without_namespace: Optional[bool] = None) -> None:
   """Sets TFF's default execution context.
 
   Args:
@@ -608,15 +656,25 @@ def install(max_concurrent_computation_calls: int = -1, log_path: Optional[str] 
     log_path: where the local worker's output goes (default: a temporary file).
     workers: addresses of running TFF workers (bin/worker): `unix:/path` of a Unix socket or
       `host:port`. Empty: one local worker process, owned by this process (WorkerProcess: in a
-      network namespace of its own where the machine allows it, else on loopback; refused when
-      neither can be had, unless set_listen_all(True)). One address: that worker runs
-      everything. Several: TFF's mergeable computation form splits the clients of each round
+      network namespace of its own; where the machine allows none, refused unless
+      `without_namespace`, and then on loopback). One address: that worker runs everything. Several: TFF's mergeable computation form splits the clients of each round
       across them (run by _MergeableContext, which keeps client order; docs/remote_workers.md).
     timeout: seconds to wait for a worker to answer.
+    without_namespace: with no `workers`, whether a local worker that cannot have a network
+      namespace of its own may listen on 127.0.0.1, where every local user can connect (None: the
+      value of `set_without_namespace`, off unless bin/train --worker_without_namespace).
+
+  Raises:
+    WorkerExposedError: no `workers`, no network namespace for a local worker, and not
+      `without_namespace` (one line naming the opt-in; raised here, before any computation).
+    ValueError: a malformed or repeated address in `workers`.
   """
   if not workers:
+    if without_namespace is None:
+      without_namespace = _without_namespace
+    check_local_worker_allowed(without_namespace)
     context = _make_context(_LocalStub(max_concurrent_computation_calls, log_path, timeout,
-                                       _listen_all))
+                                       without_namespace))
   else:
     addresses = list(workers)
     for a in addresses:
@@ -639,11 +697,15 @@ def install(max_concurrent_computation_calls: int = -1, log_path: Optional[str] 
 
 
 def install_program(max_concurrent_computation_calls: int = -1, log_path: Optional[str] = None,
-                    timeout: float = 60.0) -> None:
+                    timeout: float = 60.0, without_namespace: Optional[bool] = None) -> None:
   """Sets a `tff.program.NativeFederatedContext` (what `tff.learning.programs.train_model` needs;
   it refuses the synchronous context of `install`) on the same locally owned worker: output to
-  a log file, stopped with its parent and by `stop_all()`."""
-  stub = _LocalStub(max_concurrent_computation_calls, log_path, timeout, _listen_all)
+  a log file, stopped with its parent and by `stop_all()`. `without_namespace` and the refusal
+  (WorkerExposedError) are `install`'s."""
+  if without_namespace is None:
+    without_namespace = _without_namespace
+  check_local_worker_allowed(without_namespace)
+  stub = _LocalStub(max_concurrent_computation_calls, log_path, timeout, without_namespace)
   context = _make_context(stub, asynchronous=True)
   tff.framework.set_default_context(tff.program.NativeFederatedContext(context))
 
