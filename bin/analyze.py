@@ -32,13 +32,17 @@ from absl import app
 from absl import flags
 import numpy as np
 
-from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top  (before TF)
-if __name__ == '__main__':
-  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
-from tff_decorr.collapse import analysis
+# Nothing imported here imports TensorFlow (analysis, export and plots are loaded on first use):
+# --help and a mistyped flag answer at once; cli.parse_flags_or_exit imports TensorFlow once they
+# are parsed.
+from tff_decorr import collapse
+from tff_decorr import lazy
+from tff_decorr import tf_env
 from tff_decorr.configs import cli
-from tff_decorr.run_files import export
-from tff_decorr.collapse import plots
+
+analysis = lazy.lazy_module('tff_decorr.collapse.analysis')
+export = lazy.lazy_module('tff_decorr.run_files.export')
+plots = lazy.lazy_module('tff_decorr.collapse.plots')
 
 _SAVED_MODEL = flags.DEFINE_string(
     'saved_model', None, 'Comma-separated SavedModel dirs, or run dirs containing export/saved_model.')
@@ -48,12 +52,12 @@ _TASK = flags.DEFINE_string('task', None, 'Task name from tasks.registry (gives 
 _DATA_DIR = flags.DEFINE_string('data_dir', None, 'TFDS data directory of the task.')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where the CSV, JSON and PNG files go.')
 _LOG10_TAU = flags.DEFINE_float(
-    'log10_tau', analysis.DEFAULT_LOG10_TAU, 'Significance threshold log10(tau) for num_significant.')
-_TOP = flags.DEFINE_integer('top', analysis.DEFAULT_TOP, 'How many singular values to plot/list.')
+    'log10_tau', collapse.DEFAULT_LOG10_TAU, 'Significance threshold log10(tau) for num_significant.')
+_TOP = flags.DEFINE_integer('top', collapse.DEFAULT_TOP, 'How many singular values to plot/list.')
 _LOCAL = flags.DEFINE_string('local_saved_model', None, 'Local model of the local-vs-global plot.')
 _GLOBAL = flags.DEFINE_string('global_saved_model', None, 'Global model of the local-vs-global plot.')
 _GAP_K = flags.DEFINE_integer(
-    'gap_k', analysis.DEFAULT_TOP, 'K of the gap R (top K values; capped at the dimension).')
+    'gap_k', collapse.DEFAULT_TOP, 'K of the gap R (top K values; capped at the dimension).')
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 256, 'Test batch size (memory only; no effect on '
                                    'the result).')
 _MAX_EXAMPLES = flags.DEFINE_integer(
@@ -112,8 +116,8 @@ def _write_spectra_csv(path: str, spectra: Mapping[str, np.ndarray]) -> str:
 
 def analyze(models: Mapping[str, tuple[Any, dict]], dataset: Iterable, output_dir: str, *,
             local: Optional[tuple[Any, dict]] = None, global_: Optional[tuple[Any, dict]] = None,
-            log10_tau: float = analysis.DEFAULT_LOG10_TAU, top: int = analysis.DEFAULT_TOP,
-            gap_k: int = analysis.DEFAULT_TOP, max_examples: Optional[int] = None,
+            log10_tau: float = collapse.DEFAULT_LOG10_TAU, top: int = collapse.DEFAULT_TOP,
+            gap_k: int = collapse.DEFAULT_TOP, max_examples: Optional[int] = None,
             settings: Optional[Mapping[str, Any]] = None,
             probe: Optional[tuple[Iterable, int]] = None) -> dict[str, str]:
   """Computes the spectra and writes the files; returns {kind: path} of what was written.
@@ -189,7 +193,7 @@ def check_against_task(entries: Sequence[tuple[str, tuple[Any, dict]]], task: An
 def _get_task(name: Optional[str]):
   if not name:
     raise FlagError('--task is required (a name from tasks.registry, e.g. --task=cifar10).')
-  from tff_decorr.tasks import registry  # pylint: disable=g-import-not-at-top  # Only needed by the CLI.
+  from tff_decorr.tasks import registry  # pylint: disable=g-import-not-at-top
   try:
     return registry.get(name)
   except (KeyError, ValueError) as e:
@@ -252,5 +256,11 @@ def _main() -> int:
   return 0
 
 
+def entry() -> None:
+  """The program, as tff-decorr-analyze, `python -m bin.analyze` or Bazel runs it."""
+  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
+  cli.run_program('analyze', main, __name__, __doc__)
+
+
 if __name__ == '__main__':
-  app.run(main, flags_parser=cli.parse_flags_or_exit('analyze'))
+  entry()

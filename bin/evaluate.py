@@ -20,17 +20,14 @@ import sys
 from absl import app
 from absl import flags
 
+# Nothing imported here imports TensorFlow (personalized is loaded on first use): --help and a
+# mistyped flag answer at once; cli.parse_flags_or_exit imports TensorFlow once they are parsed.
+from tff_decorr import lazy
+from tff_decorr import tf_env
+from tff_decorr.configs import cli
+
+personalized = lazy.lazy_module('tff_decorr.run.personalized')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top  (before TF)
-if __name__ == '__main__':
-  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
-
-# TensorFlow must be imported before absl's app.run: imported for the first time inside main(),
-# Keras 2.14 builds functional models from graph tensors and fails ("SymbolicTensor ... node").
-import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
-
-from tff_decorr.configs import cli  # pylint: disable=g-import-not-at-top
-from tff_decorr.run import personalized  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('saved_model', None, 'A SavedModel directory, or a run directory of bin/train.')
@@ -148,5 +145,11 @@ def _main() -> int:
   return 0
 
 
+def entry() -> None:
+  """The program, as tff-decorr-evaluate, `python -m bin.evaluate` or Bazel runs it."""
+  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
+  cli.run_program('evaluate', main, __name__, __doc__)
+
+
 if __name__ == '__main__':
-  app.run(main, flags_parser=cli.parse_flags_or_exit('evaluate'))
+  entry()

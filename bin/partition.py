@@ -16,13 +16,12 @@ import sys
 from absl import app
 from absl import flags
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top  (before TF)
-if __name__ == '__main__':
-  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
+# Nothing imported here imports TensorFlow: --help and a mistyped flag answer at once;
+# cli.parse_flags_or_exit imports TensorFlow once they are parsed.
+from tff_decorr import tf_env
+from tff_decorr.configs import cli
 
-# Imported before app.run for the same reason as in bin/train (Keras/absl start-up order).
-import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('task', 'digits', 'Task name.')
@@ -90,5 +89,11 @@ def main(argv):
   return 0
 
 
+def entry() -> None:
+  """The program, as tff-decorr-partition, `python -m bin.partition` or Bazel runs it."""
+  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
+  cli.run_program('partition', main, __name__, __doc__)
+
+
 if __name__ == '__main__':
-  app.run(main)
+  entry()

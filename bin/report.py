@@ -28,16 +28,15 @@ from typing import Sequence
 from absl import app
 from absl import flags
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top  (before TF)
-if __name__ == '__main__':
-  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
-# As in bin/train: TensorFlow imported before app.run (the spectra load SavedModels).
-import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
+# Nothing imported here imports TensorFlow (report is loaded on first use): --help and a mistyped
+# flag answer at once; cli.parse_flags_or_exit imports TensorFlow once they are parsed.
+from tff_decorr import lazy
+from tff_decorr import tf_env
+from tff_decorr.configs import cli
+from tff_decorr.studies import study
 
-from tff_decorr.configs import cli  # pylint: disable=g-import-not-at-top
-from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
-from tff_decorr.studies import study  # pylint: disable=g-import-not-at-top
+report = lazy.lazy_module('tff_decorr.studies.report')
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 _STUDY_DIR = flags.DEFINE_string('study_dir', None, 'Directory of a bin/study study (holds '
                                  'study.json).')
@@ -110,5 +109,11 @@ def _main() -> int:
   return 0
 
 
+def entry() -> None:
+  """The program, as tff-decorr-report, `python -m bin.report` or Bazel runs it."""
+  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
+  cli.run_program('report', main, __name__, __doc__)
+
+
 if __name__ == '__main__':
-  app.run(main, flags_parser=cli.parse_flags_or_exit('report'))
+  entry()

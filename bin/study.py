@@ -26,15 +26,13 @@ from absl import app
 from absl import flags
 from absl import logging
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top  (before TF)
-if __name__ == '__main__':
-  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
-# As in bin/train: TensorFlow imported before app.run (the configurations are resolved in here).
-import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
+# Nothing imported here imports TensorFlow: --help and a mistyped flag answer at once;
+# cli.parse_flags_or_exit imports TensorFlow once they are parsed.
+from tff_decorr import tf_env
+from tff_decorr.configs import cli
+from tff_decorr.studies import study
 
-from tff_decorr.configs import cli  # pylint: disable=g-import-not-at-top
-from tff_decorr.studies import study  # pylint: disable=g-import-not-at-top
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 FLAGS = flags.FLAGS
 _STUDY_DIR = flags.DEFINE_string('study_dir', None, 'Directory of the study: study.json, runs/, '
@@ -144,5 +142,11 @@ def _print_plan(study_dir: str, plan: study.Plan) -> int:
   return 0
 
 
+def entry() -> None:
+  """The program, as tff-decorr-study, `python -m bin.study` or Bazel runs it."""
+  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user (KNOWN_NOISE)
+  cli.run_program('study', main, __name__, __doc__)
+
+
 if __name__ == '__main__':
-  app.run(main, flags_parser=cli.parse_flags_or_exit('study'))
+  entry()

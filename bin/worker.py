@@ -39,9 +39,10 @@ from absl import app
 from absl import flags
 
 # The worker_binary inherits this process's environment: oneDNN on unless the user set it.
-from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top  (before TF)
-if __name__ == '__main__':
-  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user
+# Nothing imported here imports TensorFlow: --help and a mistyped flag answer at once;
+# cli.parse_flags_or_exit imports TensorFlow once they are parsed.
+from tff_decorr import tf_env
+from tff_decorr.configs import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('socket', None,
@@ -144,5 +145,11 @@ def main(argv):
   return 0
 
 
+def entry() -> None:
+  """The program, as tff-decorr-worker, `python -m bin.worker` or Bazel runs it."""
+  tf_env.quiet_known_noise()  # TF's C++ lines that say nothing to a user
+  cli.run_program('worker', main, __name__, __doc__)
+
+
 if __name__ == '__main__':
-  app.run(main)
+  entry()

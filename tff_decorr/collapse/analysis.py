@@ -23,8 +23,10 @@ from typing import Any, Callable, Iterable, Optional, Union
 import numpy as np
 import tensorflow as tf
 
-DEFAULT_LOG10_TAU = -2.0
-DEFAULT_TOP = 100
+# bin/analyze's flag defaults, declared in the package, which imports no TensorFlow.
+from tff_decorr.collapse import DEFAULT_LOG10_TAU  # pylint: disable=g-bad-import-order
+from tff_decorr.collapse import DEFAULT_TOP  # pylint: disable=g-bad-import-order
+
 # Spectra entries below this fraction of the largest value (over both spectra) are treated as
 # numerically zero by `local_global_gap`: float64 eigenvalue solvers have absolute errors of about
 # d * 1e-16 * lambda_max (~1e-13 relative at d = 1280), so anything below 1e-12 relative is noise.

@@ -39,19 +39,58 @@ def quiet_logging() -> None:
   tf.get_logger().setLevel('ERROR')
 
 
+_HELP_FLAGS = ('-?', '-help', '--help', '-helpshort', '--helpshort', '-helpfull', '--helpfull',
+               '-helpxml', '--helpxml')
+
+
 def parse_flags_or_exit(prog: str):
   """An absl `flags_parser` for app.run: a bad flag value (an unknown --task or --algorithm, a
   number that is not one) is one line and exit code 2, like every other usage error (absl's own
-  parser prints "FATAL Flags parsing error" and exits 1)."""
+  parser prints "FATAL Flags parsing error" and exits 1); --help and --helpfull exit 0 (absl's
+  exit 1). All of them answer before TensorFlow is imported; TensorFlow is imported once the flags
+  are parsed, still inside app.run's initialisation (see _import_tensorflow)."""
   import sys  # pylint: disable=g-import-not-at-top
 
   def parse(argv):
     try:
-      return flags.FLAGS(argv)
+      args = flags.FLAGS(argv)
     except flags.Error as e:
       print(f'{prog}: error: {e}', file=sys.stderr, flush=True)
       sys.exit(EXIT_USAGE)
+    except SystemExit as e:
+      # absl's help flags print the help, then exit 1; the help asked for is a success.
+      if e.code == 1 and any(a.split('=')[0] in _HELP_FLAGS for a in argv[1:]):
+        sys.exit(0)
+      raise
+    _import_tensorflow()
+    return args
   return parse
+
+
+def _import_tensorflow() -> None:
+  """Imports TensorFlow before app.run's initialisation ends. TF's distribute.combinations calls
+  absl's app.call_after_init, which, once app.run's initialisation is done, runs the callback at
+  once, in the middle of TF's import: it lists the GPUs (initialising the eager context) before
+  Keras is loaded, and Keras 2.14 then builds functional models from graph tensors and fails
+  ("Attempt to convert a value (None)" in Flatten). Imported earlier, the callback waits for the
+  end of the initialisation like any other."""
+  import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
+
+
+def run_program(prog: str, main, module_name: str, doc: str) -> None:
+  """Runs a bin/ program's `main` with app.run and parse_flags_or_exit(prog), started as
+  `python -m bin.<prog>` or `tff_decorr.bin.<prog>`, by Bazel, or as its console script
+  (tff-decorr-<prog>, pyproject.toml). A console script's __main__ is a wrapper: absl's --help
+  shows __main__'s docstring and the flags of the module sys.argv[0] names, so those are the
+  program's own (`doc`, and the key flags of `module_name`)."""
+  import sys  # pylint: disable=g-import-not-at-top
+  from absl import app  # pylint: disable=g-import-not-at-top
+  main_module = sys.modules['__main__']
+  if module_name != '__main__':
+    main_module.__doc__ = doc
+    for flag in flags.FLAGS.get_key_flags_for_module(module_name):
+      flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+  app.run(main, flags_parser=parse_flags_or_exit(prog))
 
 
 def ensure_writable_dir(path: str) -> str:
@@ -183,26 +222,22 @@ _T = 'task default'
 def define_train_flags(fv) -> list:
   """Defines every flag of bin/train on `fv`: the generic ones, then one per component setting,
   generated from the registries (a component registered before this call gets its flags too).
-  bin/study defines them on a FlagValues of its own per configuration of its grid. Returns the
-  generic flags' names (bin/train's --help lists those)."""
-  from tff_decorr.tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from tff_decorr.federated import aggregation  # pylint: disable=g-import-not-at-top
-  from tff_decorr import algorithms  # pylint: disable=g-import-not-at-top
-  from tff_decorr import hparams  # pylint: disable=g-import-not-at-top
-  from tff_decorr import models  # pylint: disable=g-import-not-at-top
-  from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
-  from tff_decorr import regularizers  # pylint: disable=g-import-not-at-top
+  bin/study defines them on a FlagValues of its own per configuration of its grid. Imports no
+  TensorFlow unless a registry is imported already (flag_table: a program answers --help and a
+  mistyped flag before TensorFlow is loaded). Returns the generic flags' names."""
+  from tff_decorr.configs import flag_table  # pylint: disable=g-import-not-at-top
+  table = flag_table.current()
+  names = table['names']
   d = dict(flag_values=fv)
   before = set(fv)
-  flags.DEFINE_enum('task', 'digits', list(task_registry.names()),
-                    'Task (digits: embedded, no download).', **d)
+  flags.DEFINE_enum('task', 'digits', names['task'], 'Task (digits: embedded, no download).', **d)
   flags.DEFINE_string('model', None, f'Model builder name ({_T}).', **d)
-  flags.DEFINE_enum('algorithm', 'fedavg', list(algorithms.names()), 'Federated algorithm.', **d)
-  flags.DEFINE_string('regularizer', None, f'{"|".join(regularizers.names())}, or a '
+  flags.DEFINE_enum('algorithm', 'fedavg', names['algorithm'], 'Federated algorithm.', **d)
+  flags.DEFINE_string('regularizer', None, f'{"|".join(names["regularizer"])}, or a '
                       'comma-separated list to run one simulation per regulariser (default: '
                       'feddecorr; the embedded task runs none,feddecorr).', **d)
-  flags.DEFINE_enum('partition', None, list(partitions.names()), f'Client partition ({_T}).', **d)
-  flags.DEFINE_enum('aggregator', None, list(aggregation.names()),
+  flags.DEFINE_enum('partition', None, names['partition'], f'Client partition ({_T}).', **d)
+  flags.DEFINE_enum('aggregator', None, names['aggregator'],
                     "Model aggregation: mean (the algorithm's own weighted sum, default) or a "
                     'tff.aggregators factory over client deltas: robust, dp, compression, secure '
                     '(simulated: no cryptography, TFF 0.87 has no secure-aggregation protocol) '
@@ -214,8 +249,8 @@ def define_train_flags(fv) -> list:
   flags.DEFINE_integer('batch_size', None, f'Client batch size ({_T}).', **d)
   # The client optimiser's flags (--client_lr, --momentum, --weight_decay) from its one
   # declaration, algorithms.ClientConfig.
-  for spec in hparams.flag_specs(algorithms.ClientConfig):
-    flags.DEFINE_float(spec.name, None, f'{spec.help.rstrip(".")} ({_T}).', **d)
+  for spec in table['client']:
+    flags.DEFINE_float(spec['name'], None, f'{spec["help"].rstrip(".")} ({_T}).', **d)
   flags.DEFINE_integer('seed', 0, 'Seed of partition, initial model, sampling and augmentation.',
                        **d)
   flags.DEFINE_integer('projection_dim', None, 'Projection head width, for algorithms that use '
@@ -223,11 +258,11 @@ def define_train_flags(fv) -> list:
   flags.DEFINE_bool('decomposed', False, 'Use filter-decomposed convolutions (atoms x '
                     'coefficients).', **d)
   flags.DEFINE_integer('num_atoms', 0, 'Atoms per decomposed convolution (0: k*k).', **d)
-  flags.DEFINE_enum('init', None, list(models.INITS), 'Weight initialisation (default: the '
+  flags.DEFINE_enum('init', None, table['inits'], 'Weight initialisation (default: the '
                     'model\'s reference one, as the PyTorch code it ports: kaiming_normal for '
                     'resnet20/32, torch for resnet18, mobilenet_v2_cifar, alexnet_bn; keras for '
                     'small_cnn).', **d)
-  flags.DEFINE_enum('precision', 'float32', list(models.PRECISIONS), 'float32, or '
+  flags.DEFINE_enum('precision', 'float32', table['precisions'], 'float32, or '
                     'mixed_bfloat16: every layer computes in bfloat16 and the weights stay float32 '
                     '(0.70x the CPU time of a ResNet20 run on a CPU with bfloat16 '
                     'instructions; results differ from float32 as rounding does).', **d)
@@ -258,26 +293,23 @@ def define_train_flags(fv) -> list:
   flags.DEFINE_bool('overwrite', False, 'Move an existing run with a different configuration '
                     'aside (an identical one is resumed).', **d)
   generic = [name for name in fv if name not in before]
-  define_component_flags(fv)
+  define_component_flags(fv, table)
   return generic
 
 
-def define_component_flags(fv) -> None:
+def define_component_flags(fv, table=None) -> None:
   """One flag per setting of every registered algorithm, regulariser, partition and aggregator,
-  `--<component>_<setting>` (tff_decorr.hparams)."""
-  from tff_decorr.configs import config  # pylint: disable=g-import-not-at-top
-  for kind, name, spec in config.component_flag_specs():
-    text = f'{spec.help} [{kind} {name}; default {spec.default}]'
-    if spec.choices:
-      flags.DEFINE_enum(spec.name, None, list(spec.choices), text, flag_values=fv)
-    elif spec.kind is bool:
-      flags.DEFINE_bool(spec.name, None, text, flag_values=fv)
-    elif spec.kind is int:
-      flags.DEFINE_integer(spec.name, None, text, flag_values=fv)
-    elif spec.kind is float:
-      flags.DEFINE_float(spec.name, None, text, flag_values=fv)
+  `--<component>_<setting>` (tff_decorr.hparams), from `table` (default: flag_table.current())."""
+  from tff_decorr.configs import flag_table  # pylint: disable=g-import-not-at-top
+  for spec in (table or flag_table.current())['components']:
+    kind, name = spec['of']
+    text = f'{spec["help"]} [{kind} {name}; default {spec["default"]}]'
+    define = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
+              str: flags.DEFINE_string}[flag_table.kind_of(spec)]
+    if spec['choices']:
+      flags.DEFINE_enum(spec['name'], None, spec['choices'], text, flag_values=fv)
     else:
-      flags.DEFINE_string(spec.name, None, text, flag_values=fv)
+      define(spec['name'], None, text, flag_values=fv)
 
 
 @dataclasses.dataclass(frozen=True)
