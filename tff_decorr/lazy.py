@@ -8,6 +8,24 @@ above it.
 import importlib
 
 
+def lazy_module(name: str):
+  """Module `name`, executed on its first attribute access (importlib.util.LazyLoader), or the
+  module itself if it is imported already. A bin/ program names the modules it runs with at the
+  top, and still answers --help before they import TensorFlow."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  if name in sys.modules:
+    return sys.modules[name]
+  spec = importlib.util.find_spec(name)
+  if spec is None:
+    raise ModuleNotFoundError(f'No module named {name!r}', name=name)
+  spec.loader = importlib.util.LazyLoader(spec.loader)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
 def lazy_submodules(package: str):
   """A module `__getattr__` that imports `package`'s submodules on first attribute access."""
 
