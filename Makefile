@@ -1,7 +1,9 @@
 # Two commands do everything on a fresh Debian machine with Python 3.11:
 #   make train   set up, then run the main job (bazel run //bin:train; pass flags with ARGS="...")
 #   make test    set up (and test-system-packages: Chromium), then run the whole test suite
-#                (bazel test //...)
+#                (bazel test //...; among them tests/wheel_test.py: the wheel built, installed in a
+#                scratch venv and run from outside the checkout)
+#   make wheel   the wheel and the sdist into dist/
 # `make setup` alone installs system packages (apt), creates .venv, installs the pinned lock and
 # builds the library that keeps TFF's worker on loopback where it cannot have a network namespace
 # of its own (`unshare`, util-linux: tff_decorr/federated/netns.py, loopback.py).
@@ -18,7 +20,7 @@ OPENSSH := $(VENV)/opt/openssh
 ARGS ?=
 BAZEL_TEST_ARGS ?=
 
-.PHONY: setup system-packages test-system-packages venv train test clean
+.PHONY: setup system-packages test-system-packages venv train test wheel clean
 
 setup: system-packages venv
 
@@ -76,6 +78,14 @@ venv:
 train: setup
 	bazel run //bin:train -- $(ARGS)
 
+# The wheel and the sdist into dist/ (pyproject.toml; README, "Use it in your own environment").
+# `make test` checks them: tests/wheel_test.py builds both from a copy of the checkout, installs the
+# wheel into a scratch venv (the lock from this venv, --no-deps) and, from outside the checkout,
+# imports it and trains one round with its console script.
+wheel: venv
+	$(PY) -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w dist .
+	$(PY) -c 'from setuptools import build_meta as b; print("dist/" + b.build_sdist("dist"))'
+
 # Bazel's own summary is not a line CI tools read, so the line after it restates it as
 # "N passed, N failed" (counted from Bazel's per-target result lines); then tools/count_skips.py
 # prints the number of skipped tests and fails the target unless it is 0 (a test may skip only
@@ -89,4 +99,4 @@ test: setup test-system-packages
 
 clean:
 	bazel clean
-	rm -rf $(VENV) .bazel-test.log
+	rm -rf $(VENV) .bazel-test.log build dist tff_decorr.egg-info
