@@ -307,6 +307,28 @@ class SavedModelTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, 'key "representation"'):
       analysis.representation_covariance(lambda x: {'logits': x}, self.dataset)
 
+  def test_a_wrong_argument_is_named_with_what_is_expected(self):
+    features = self.model(self.images, training=False)['representation']
+    expected = (r"takes \(model_or_fn, dataset\): a Keras model .* 'representation' entry, and a "
+                r'batched tf.data.Dataset')
+    for call in (lambda: analysis.representation_covariance(features),  # Features, no model.
+                 lambda: analysis.representation_covariance(features.numpy(), self.dataset),
+                 lambda: analysis.representation_stats(features),
+                 lambda: analysis.nearest_class_mean_probe(features, self.dataset, self.dataset,
+                                                           10)):
+      with self.assertRaisesRegex(TypeError, expected):
+        call()
+    with self.assertRaisesRegex(TypeError, r'RepresentationStats\(\).add\(features\)'):
+      analysis.representation_covariance(features.numpy())
+    with self.assertRaisesRegex(TypeError, r'as dataset: batch it, e.g. '
+                                r'tf.data.Dataset.from_tensor_slices'):
+      analysis.representation_covariance(self.model, self.images)
+    with self.assertRaisesRegex(TypeError, 'dataset is missing'):
+      analysis.representation_covariance(self.model)
+    # What the message proposes for features already computed gives the covariance.
+    np.testing.assert_allclose(analysis.RepresentationStats().add(features).covariance(),
+                               self.expected_cov, rtol=1e-5, atol=1e-9)
+
   def test_analyze_writes_outputs(self):
     models = analyze.load_models([self.run_dir, self.plain_dir])
     self.assertEqual(list(models), ['run_a', 'model_b'])

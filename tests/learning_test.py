@@ -352,6 +352,25 @@ class ProcessErrorsTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, r"representation_layer='nope'.*no layer"):
       learning.build_process('fedavg', plain_model, FN, representation_layer='nope')
 
+  def test_a_data_function_capturing_eager_tensors_is_explained(self):
+    # A researcher's first try: tensors made outside, captured by the data function. TFF's own
+    # error is "RuntimeError: Attempting to capture an EagerTensor without building a function".
+    images = tf.random.stateless_normal([8] + list(testing.INPUT_SHAPE), seed=[0, 1])
+    labels = tf.zeros([8], tf.int32)
+    captured = lambda client_id, seed: tf.data.Dataset.from_tensor_slices((images, labels)).batch(4)
+    with self.assertRaisesRegex(ValueError, r'client_dataset_fn uses a TensorFlow tensor created '
+                                r'outside it .* Keep data made outside as NumPy arrays'):
+      learning.build_process('fedprox', plain_model, captured, representation_layer='pool',
+                             mu=0.01)
+    # The fix the message gives (the same data as NumPy arrays) builds.
+    x, y = images.numpy(), labels.numpy()
+    fixed = lambda client_id, seed: tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    learning.build_process('fedprox', plain_model, fixed, representation_layer='pool', mu=0.01)
+    with self.assertRaisesRegex(TypeError, 'must return a batched tf.data.Dataset of .*; it '
+                                'returned tuple'):
+      learning.build_process('fedprox', plain_model, lambda client_id, seed: (x, y),
+                             representation_layer='pool', mu=0.01)
+
 
 class WrapperErrorsTest(tf.test.TestCase):
 

@@ -14,6 +14,9 @@ Submodules are imported on first use, so importing the package itself does not i
 
 import os as _os
 
+import atexit as _atexit
+import sys as _sys
+
 from tff_decorr.lazy import lazy_submodules
 
 __version__ = '0.3.0'
@@ -27,6 +30,26 @@ if (not _os.path.isdir(_os.path.join(__path__[0], 'tasks')) and
     _os.path.isfile(_os.path.join(_PARENT, 'tasks', '__init__.py'))):
   __path__.append(_PARENT)
 
+
+def _release_tff_default_context() -> None:
+  """At exit, while every module is still intact: drops TensorFlow Federated's own default context
+  (set when `tensorflow_federated` is imported, whichever code imported it) and collects it.
+
+  That context holds a `ServiceManager` whose `__del__` reads `subprocess.Popen`; left to the
+  interpreter's teardown, it runs after `subprocess` is gone and prints "Exception ignored in
+  ServiceManager.__del__ ... 'NoneType' object has no attribute 'Popen'" (tests/library_test.py).
+  Imports nothing unless TFF was imported.
+  """
+  if 'tensorflow_federated' not in _sys.modules:
+    return
+  import gc  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.context_stack import context_stack_impl  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.context_stack import runtime_error_context  # pylint: disable=g-import-not-at-top
+  context_stack_impl.context_stack.set_default_context(runtime_error_context.RuntimeErrorContext())
+  gc.collect()
+
+
+_atexit.register(_release_tff_default_context)
 
 _submodule = lazy_submodules(__name__)
 

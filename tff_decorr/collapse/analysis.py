@@ -128,6 +128,31 @@ def _images_of(element: Any) -> Any:
   return element
 
 
+# What the functions taking a model and a dataset expect, said in their TypeErrors.
+_TAKES = ('takes (model_or_fn, dataset): a Keras model (or SavedModel, or callable) whose outputs '
+          "are a dict with a 'representation' entry, and a batched tf.data.Dataset of (images, "
+          'labels)')
+
+
+def _is_array(value: Any) -> bool:
+  return isinstance(value, (np.ndarray, tf.Tensor, tf.Variable, np.generic))
+
+
+def _check_model_and_data(fn_name: str, model_or_fn: Any, **datasets: Any) -> None:
+  """TypeError naming the expected input when a model or dataset argument is an array."""
+  if _is_array(model_or_fn):
+    raise TypeError(f'{fn_name} {_TAKES}; got a {type(model_or_fn).__name__} of shape '
+                    f'{tuple(model_or_fn.shape)} as model_or_fn. For representations already '
+                    'computed ([n, d]), use RepresentationStats().add(features).covariance().')
+  for name, dataset in datasets.items():
+    if dataset is None:
+      raise TypeError(f'{fn_name} {_TAKES}; {name} is missing.')
+    if _is_array(dataset):
+      raise TypeError(f'{fn_name} {_TAKES}; got a {type(dataset).__name__} of shape '
+                      f'{tuple(dataset.shape)} as {name}: batch it, e.g. '
+                      'tf.data.Dataset.from_tensor_slices((images, labels)).batch(256).')
+
+
 def as_representation_fn(model_or_fn: Any) -> Callable[[tf.Tensor], Any]:
   """Turns a Keras model, a loaded SavedModel, a signature function or a callable into images -> out.
 
@@ -137,7 +162,21 @@ def as_representation_fn(model_or_fn: Any) -> Callable[[tf.Tensor], Any]:
   - a signature `ConcreteFunction` (e.g. `loaded.signatures['serving_default']`): signature functions
     accept keyword arguments only, so it is called with its single input name (`images=...`).
   - any other callable: called positionally with the images.
+
+  Args:
+    model_or_fn: one of the above.
+
+  Returns:
+    A function of a batch of images returning the model's outputs.
+
+  Raises:
+    TypeError: `model_or_fn` is an array or tensor, or not callable.
+    ValueError: a SavedModel without a 'serving_default' signature, or a signature with more than
+      one input.
   """
+  if _is_array(model_or_fn):
+    raise TypeError(f'model_or_fn must be a Keras model, SavedModel or callable; got a '
+                    f'{type(model_or_fn).__name__} of shape {tuple(model_or_fn.shape)}.')
   if isinstance(model_or_fn, tf.keras.Model):
     return lambda images: model_or_fn(images, training=False)
   signatures = getattr(model_or_fn, 'signatures', None)
@@ -158,22 +197,33 @@ def as_representation_fn(model_or_fn: Any) -> Callable[[tf.Tensor], Any]:
       dtype = spec.dtype
       return lambda images: model_or_fn(**{name: tf.cast(images, dtype)})
   if not callable(model_or_fn):
-    raise ValueError(f'model_or_fn must be a Keras model, SavedModel or callable; got '
-                     f'{type(model_or_fn).__name__}.')
+    raise TypeError(f'model_or_fn must be a Keras model, SavedModel or callable; got '
+                    f'{type(model_or_fn).__name__}.')
   return model_or_fn
 
 
-def representation_stats(model_or_fn: Any, dataset: Iterable,
+def representation_stats(model_or_fn: Any, dataset: Iterable = None,
                          max_examples: Optional[int] = None) -> RepresentationStats:
   """Streams `dataset` through the model and accumulates its 'representation' outputs.
 
   Args:
-    model_or_fn: see `as_representation_fn`; its output must be a dict with key 'representation'
-      ([n, d] per batch), as the model and export contracts of docs/DESIGN.md say.
-    dataset: a batched tf.data.Dataset (or any iterable) of `(images, labels)`, images, or dicts
-      with 'images'.
+    model_or_fn: a Keras model, a loaded SavedModel, a signature function or a callable
+      (`as_representation_fn`); its output must be a dict with key 'representation' ([n, d] per
+      batch), as the model and export contracts of docs/DESIGN.md say.
+    dataset: a batched tf.data.Dataset (or any iterable of batches) of `(images, labels)`, images,
+      or dicts with 'images'.
     max_examples: stop after this many examples (the last batch is truncated), None for all.
+
+  Returns:
+    The RepresentationStats of every representation seen (mean, covariance, count).
+
+  Raises:
+    TypeError: `model_or_fn` or `dataset` is an array or tensor (or `dataset` is missing); the
+      message says what the function takes.
+    ValueError: the model's output has no 'representation', a representation is not [n, d] or not
+      finite, `dataset` yields nothing, or `max_examples` is not positive.
   """
+  _check_model_and_data('representation_stats', model_or_fn, dataset=dataset)
   if max_examples is not None and max_examples <= 0:
     raise ValueError(f'max_examples must be positive or None; got {max_examples}.')
   fn = as_representation_fn(model_or_fn)
@@ -195,9 +245,27 @@ def representation_stats(model_or_fn: Any, dataset: Iterable,
   return stats
 
 
-def representation_covariance(model_or_fn: Any, dataset: Iterable,
+def representation_covariance(model_or_fn: Any, dataset: Iterable = None,
                               max_examples: Optional[int] = None) -> np.ndarray:
-  """Population covariance (1/N) of the model's representations over `dataset`, float64 [d, d]."""
+  """Population covariance (1/N) of the model's representations over `dataset`.
+
+  Args:
+    model_or_fn: a Keras model, a loaded SavedModel, a signature function or a callable whose
+      outputs are a dict with a 'representation' entry, [n, d] per batch (the model contract of
+      docs/DESIGN.md).
+    dataset: a batched tf.data.Dataset (or any iterable of batches) of `(images, labels)`, images,
+      or dicts with 'images'.
+    max_examples: stop after this many examples, None for all.
+
+  Returns:
+    The covariance, a float64 NumPy array [d, d], symmetric positive semi-definite.
+
+  Raises:
+    TypeError: `model_or_fn` or `dataset` is an array or tensor (e.g. representations already
+      computed: use `RepresentationStats().add(features).covariance()`), or `dataset` is missing.
+    ValueError: as `representation_stats`.
+  """
+  _check_model_and_data('representation_covariance', model_or_fn, dataset=dataset)
   return representation_stats(model_or_fn, dataset, max_examples).covariance()
 
 
@@ -358,6 +426,8 @@ def nearest_class_mean_probe(model_or_fn: Any, train_dataset: Iterable, test_dat
   head_predictions_per_class (counts), largest_predicted_class_share, train_examples,
   test_examples, classes_without_train_examples. `max_examples` caps each split (quick looks).
   """
+  _check_model_and_data('nearest_class_mean_probe', model_or_fn, train_dataset=train_dataset,
+                        test_dataset=test_dataset)
   if not isinstance(num_classes, (int, np.integer)) or num_classes < 2:
     raise ValueError(f'num_classes must be an integer >= 2; got {num_classes!r}.')
   if max_examples is not None and max_examples <= 0:

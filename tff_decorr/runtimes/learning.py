@@ -330,7 +330,9 @@ def build_process(name: str, model_fn: Callable[[], tf.keras.Model],
     name: one of process_algorithms().
     model_fn: no-arg callable returning a Keras model: the project's dict outputs, or one output
       (logits) with `representation_layer`.
-    client_dataset_fn: (client_id tf.string, seed tf.int64) -> batched (x, y) dataset.
+    client_dataset_fn: (client_id tf.string, seed tf.int64) -> batched (x, y) tf.data.Dataset,
+      built from TF ops inside the function (it is traced into a TFF computation: data made
+      outside it must be NumPy arrays or files, not tensors).
     config: local SGD (ClientConfig: lr, momentum, weight_decay; local epochs are
       part of the client dataset).
     regularizer: name in regularizers.names() (default coefficients), a
@@ -383,6 +385,29 @@ def install_program_context(max_concurrent_computation_calls: int = -1,
 
 
 _constant = tff_runtime.constant_structure
+
+
+def _client_dataset(dataset_fn, client_id: tf.Tensor, seed: tf.Tensor) -> tf.data.Dataset:
+  """`dataset_fn(client_id, seed)` as traced into the client computation, its two usual mistakes
+  said in terms of build_process's argument rather than TensorFlow's."""
+  try:
+    dataset = dataset_fn(client_id, seed)
+  except RuntimeError as e:
+    if 'capture an EagerTensor' not in str(e):
+      raise
+    # TFF traces client_dataset_fn into a graph (a tff.tensorflow.computation), which cannot hold
+    # a tensor made eagerly outside it: TensorFlow says only "Attempting to capture an EagerTensor".
+    raise ValueError(
+        'client_dataset_fn uses a TensorFlow tensor created outside it (an eager tensor, e.g. '
+        'x = tf.constant(...), or a dataset\'s tensors captured from the enclosing scope); TFF '
+        'traces client_dataset_fn into a graph computation, which cannot capture it. Keep data '
+        'made outside as NumPy arrays (x.numpy()) or read it inside the function (files by '
+        'client id, tf.data ops), so that client_dataset_fn(client_id, seed) builds the client\'s '
+        f'dataset from TF ops alone. (TensorFlow: {e})') from None
+  if not isinstance(dataset, tf.data.Dataset):
+    raise TypeError('client_dataset_fn(client_id, seed) must return a batched tf.data.Dataset of '
+                    f'(x, y); it returned {type(dataset).__name__}.')
+  return dataset
 
 
 class _ProcessBuilder:
@@ -563,7 +588,7 @@ class _ProcessBuilder:
       pair = tf.random.experimental.stateless_fold_in(
           tf.stack([tf.constant(base_seed, tf.int64), to_clients['round']]),
           tf.strings.to_hash_bucket_fast(client_id, 2**31 - 1))
-      out = work(to_clients['broadcast'], dataset_fn(client_id, pair[0]), state)
+      out = work(to_clients['broadcast'], _client_dataset(dataset_fn, client_id, pair[0]), state)
       return collections.OrderedDict(update=out['update'], exact=out['exact'],
                                      weight=out['weight'], one=out['one'], index=index,
                                      state=out['client_state'], metrics=out['metrics'])
