@@ -559,6 +559,49 @@ class WorkerEnvironmentTest(absltest.TestCase):
     self.assertIsNone(loopback.interpreter(loopback.SOURCE))  # not a program
 
 
+# A program whose bind does not go through the loader: the system call itself, as a static
+# binary or a hand-made one would make it. No preloaded library can reach it.
+_RAW_BIND_C = textwrap.dedent("""
+    #include <netinet/in.h>
+    #include <sys/socket.h>
+    #include <sys/syscall.h>
+    #include <unistd.h>
+    int main(void) {
+      struct sockaddr_in a = {0};
+      a.sin_family = AF_INET;
+      int fd = socket(AF_INET, SOCK_STREAM, 0);
+      return (int)syscall(SYS_bind, fd, (struct sockaddr *)&a, sizeof a);
+    }
+""")
+
+
+class WorkerBinaryImportsTest(absltest.TestCase):
+
+  def test_the_worker_binary_takes_bind_from_the_loader_and_a_raw_bind_is_refused(self):
+    from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+    if shutil.which('nm') is None or loopback.compiler() is None:
+      self.skipTest('nm (binutils) and a C compiler are needed')
+    binary = tff_context.worker_binary_path()
+    # nm (binutils) lists the undefined dynamic symbols independently of the project's reader.
+    out = subprocess.run(['nm', '-D', '--undefined-only', binary], capture_output=True, text=True,
+                         check=True)
+    expected = {l.split()[-1].split('@')[0] for l in out.stdout.splitlines() if l.strip()}
+    self.assertEqual(loopback.dynamic_imports(binary), expected)
+    self.assertIn('bind', expected)
+    tmp = tempfile.mkdtemp(prefix='loopback_imports_')
+    self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+    with open(os.path.join(tmp, 'raw.c'), 'w') as f:
+      f.write(_RAW_BIND_C)
+    raw = os.path.join(tmp, 'raw')
+    subprocess.run([loopback.compiler(), '-o', raw, os.path.join(tmp, 'raw.c')], check=True,
+                   capture_output=True)
+    self.assertNotIn('bind', loopback.dynamic_imports(raw))
+    library = loopback.build(os.path.join(tmp, 'lib'))
+    (problem,) = loopback.canary_problems(raw, loopback.worker_environment(os.environ, library),
+                                          library)
+    self.assertIn('does not take bind() from a shared library', problem)
+
+
 class CanaryAndPollerTest(absltest.TestCase):
   """Never reachable, not even for an instant: the library is proven before the worker starts."""
 

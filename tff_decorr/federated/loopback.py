@@ -14,8 +14,9 @@ the file and of every folder up to /, wherever the checkout lives). It is named 
 hash, so an edited source is rebuilt. Where it cannot be built, the worker is not started
 (`unavailable_reason` says why).
 
-Before the worker starts, `canary_problems` proves the library: a canary process, started by the
-worker binary's own program interpreter (its dynamic loader) with the worker's exact environment
+Before the worker starts, `canary_problems` proves the library: the worker binary must take bind()
+from a shared library (`dynamic_imports`), and a canary process, started by the worker binary's own
+program interpreter (its dynamic loader) with the worker's exact environment
 (`worker_environment`: the loader's variables of the user's environment removed), binds the
 wildcard addresses and reports where the kernel put them; anything off loopback, or the library
 not mapped into it, refuses the run before the worker exists. After start-up, `problems(pid, port,
@@ -288,6 +289,49 @@ def interpreter(binary: str) -> Optional[str]:
   return None
 
 
+def dynamic_imports(binary: str) -> Optional[set[str]]:
+  """The names of the functions and objects an ELF file takes from shared libraries (undefined
+  symbols of its .dynsym section): the calls the dynamic loader binds, and so the ones a preloaded
+  library can take over. None when they cannot be read (not ELF, no section headers)."""
+  with open(binary, 'rb') as f:
+    head = f.read(64)
+    if len(head) < 52 or head[:4] != b'\x7fELF' or head[4] not in (1, 2) or head[5] not in (1, 2):
+      return None
+    wide, order = head[4] == 2, '<' if head[5] == 1 else '>'
+    shoff, shentsize, shnum = (
+        (struct.unpack_from(order + 'Q', head, 40)[0], *struct.unpack_from(order + 'HH', head, 58))
+        if wide else
+        (struct.unpack_from(order + 'I', head, 32)[0], *struct.unpack_from(order + 'HH', head, 46)))
+    if not shoff or not shnum:
+      return None
+    sections = []  # (type, offset, size, link) of each section header
+    for i in range(shnum):
+      f.seek(shoff + i * shentsize)
+      header = f.read(shentsize)
+      if wide:
+        kind, offset, size, link = (struct.unpack_from(order + 'I', header, 4)[0],
+                                    *struct.unpack_from(order + 'QQI', header, 24))
+      else:
+        kind, offset, size, link = (struct.unpack_from(order + 'I', header, 4)[0],
+                                    *struct.unpack_from(order + 'III', header, 16))
+      sections.append((kind, offset, size, link))
+    dynsym = [x for x in sections if x[0] == 11]  # SHT_DYNSYM
+    if not dynsym or dynsym[0][3] >= len(sections):
+      return None
+    _, offset, size, link = dynsym[0]
+    f.seek(offset)
+    symbols = f.read(size)
+    f.seek(sections[link][1])
+    names = f.read(sections[link][2])
+  entry, layout = (24, order + 'I2xH') if wide else (16, order + 'I10xH')
+  imports = set()
+  for start in range(entry, len(symbols) - entry + 1, entry):  # Entry 0 is the null symbol.
+    name, section = struct.unpack_from(layout, symbols, start)
+    if section == 0:  # SHN_UNDEF: defined elsewhere, bound by the loader.
+      imports.add(names[name:names.index(b'\0', name)].decode(errors='replace'))
+  return imports
+
+
 # The canary: reports whether the library (argv[1]) is mapped into it and where the kernel put
 # its binds of the wildcard addresses, as gRPC makes them (IPv6 dual-stack, and IPv4). Its
 # sockets are bound, never listening: nothing can connect to them, wherever they landed.
@@ -312,13 +356,17 @@ print(json.dumps({'mapped': mapped, 'bound': bound}))
 
 def canary_problems(binary: str, env: dict, library_path: str) -> list[str]:
   """Why the library would not keep `binary` on loopback (empty: it would), found before the
-  binary runs: a canary process is started by `binary`'s own program interpreter (the same
-  loader), with `env` (the worker's environment, LD_PRELOAD included), binds the wildcard
+  binary runs: `binary` must take bind() from a shared library (`dynamic_imports`: its binds go
+  through the loader), and a canary process, started by `binary`'s own program interpreter (the
+  same loader), with `env` (the worker's environment, LD_PRELOAD included), binds the wildcard
   addresses, and reports where they landed; each must be loopback, and the library must be mapped
   into it (a library the loader skips, corrupt or of another architecture, is not)."""
   loader = interpreter(binary)
   if loader is None:
     return [f'{binary} is not a dynamically linked program: no preloaded library can reach it']
+  if 'bind' not in (dynamic_imports(binary) or ()):
+    # Its binds would not go through the loader, so neither through the library.
+    return [f'{binary} does not take bind() from a shared library: the library cannot reach it']
   python = os.path.realpath(sys.executable)
   library_path = os.path.realpath(library_path)
   try:
