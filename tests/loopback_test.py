@@ -255,12 +255,14 @@ _PHASES = textwrap.dedent("""
       try:
         worker = tff_context.WorkerProcess(without_namespace=True)
       except tff_context.WorkerExposedError as e:
-        out[name] = {'refused': str(e), 'left': tff_context.worker_pids()}
+        # warned: whether the 'listens on 127.0.0.1 (checked...)' warning was logged.
+        out[name] = {'refused': str(e), 'left': tff_context.worker_pids(),
+                     'warned': tff_context._fallback_said}
         continue
       with open(f'/proc/{worker.binary_pid}/environ', 'rb') as f:
         loader = [v.decode() for v in f.read().split(b'\\0') if v.startswith(b'LD_')]
       out[name] = {'started': worker.listening(), 'problems': worker.problems(),
-                   'loader_environment': loader}
+                   'loader_environment': loader, 'warned': tff_context._fallback_said}
       print('WAIT', flush=True)  # The poller gets its chance at the running worker too.
       sys.stdin.readline()
       worker.stop()
@@ -667,11 +669,13 @@ class CanaryAndPollerTest(absltest.TestCase):
     self.assertIn('did not load into a canary', refusal)
     self.assertIn('Nothing was started', refusal)
     self.assertEqual(child['corrupt']['left'], [])
+    self.assertFalse(child['corrupt']['warned'])  # "checked" is never said before the checks
     self.assertEqual(tried.get('corrupt', []), [])
     # (b) A hostile LD_PRELOAD in the user's environment: the worker runs with the library alone,
     # on loopback; the poller tried its port while it ran and never got in.
     self.assertIn('started', child['hostile'], child)
     self.assertEqual(child['hostile']['problems'], [])
+    self.assertTrue(child['hostile']['warned'])  # said once the checks passed
     self.assertEqual(child['hostile']['loader_environment'], [f'LD_PRELOAD={self.library}'])
     self.assertNotEmpty(tried.get('hostile', []), result)
     self.assertEqual(reached.get('corrupt', []) + reached.get('hostile', []), [])
