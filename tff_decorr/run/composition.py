@@ -169,17 +169,20 @@ class Experiment:
            'dp_not_covered': self.dp_not_covered(save_local_models)}
     if ledger is not None:
       from tff_decorr.run_files import privacy_ledger  # pylint: disable=g-import-not-at-top
-      entries, unreadable = ledger.entries()
+      # The ledger's releases and those only the run directories beside this one still hold.
+      account = privacy_ledger.account(ledger, self.config.output_dir, rounds)
+      entries, unreadable = account.releases, len(account.unreadable_lines)
       out.update({
           'dp_ledger': ledger.path, 'dp_releases_on_data': len(entries),
           'dp_epsilon_all_releases': aggregation.dp_epsilon_of_releases(
               privacy_ledger.grouped(entries), self.aggregator.target_delta)})
-      missing, why = privacy_ledger.missing_releases(ledger, self.config.output_dir, rounds)
-      if missing:
-        out['dp_ledger_missing_releases'] = missing
-        out['dp_ledger_note'] = (
-            f'the ledger {ledger.path} lacks at least {missing} DP releases made on this data '
-            f'({why}): it was deleted or cut, and dp_epsilon_all_releases does not count them')
+      if account.missing:
+        out['dp_ledger_missing_releases'] = account.missing
+        out['dp_ledger_note'] = account.note()
+      if account.found_in_runs:
+        out['dp_ledger_found_in_run_dirs'] = account.found_in_runs
+      if unreadable:
+        out['dp_ledger_unreadable_lines'] = unreadable
       if len(entries) > rounds or unreadable:
         out['dp_note'] = (
             f'{len(entries)} DP rounds were released on this data, {rounds} of them in '

@@ -97,19 +97,18 @@ def _record_dp_releases(exp: composition.Experiment, runtime, log, save_local_mo
   log('Privacy: --aggregator=dp\'s epsilon assumes ' + '; '.join(aggregation.DP_ASSUMES) + '.')
   log('Privacy: it does not cover ' + '; '.join(exp.dp_not_covered(save_local_models)) + '.')
   ledger = exp.ledger
-  entries, unreadable = ledger.entries()
+  # The ledger, the count beside it, and the records of this and the sibling run directories.
+  account = privacy_ledger.account(ledger, c.output_dir, resumed_round)
   log(f'Privacy: the ledger of this data is {ledger.path}.')
-  if entries or unreadable:
-    log(f'Privacy: {len(entries)} DP rounds were released on this data before this start '
-        f'(ledger {ledger.path}); summary.json\'s dp_epsilon_all_releases counts them with this '
-        'run\'s.' + (f' {unreadable} unreadable ledger lines are not counted.' if unreadable
-                      else ''))
-  missing, why = privacy_ledger.missing_releases(ledger, c.output_dir, resumed_round)
-  if missing:
-    log(f'Privacy: warning: the ledger {ledger.path} lacks at least {missing} DP releases made on '
-        f'this data ({why}): it was deleted or cut, and dp_epsilon_all_releases does not count '
-        'them.')
-  known = len(entries) + unreadable + missing
+  if account.releases:
+    log(f'Privacy: {len(account.releases)} DP rounds were released on this data before this '
+        f'start (ledger {ledger.path}); summary.json\'s dp_epsilon_all_releases counts them with '
+        'this run\'s.')
+  if account.unreadable_lines:
+    log(f'Privacy: warning: {account.unreadable_note()}.')
+  if account.missing:
+    log(f'Privacy: warning: {account.note()}.')
+  known = account.known
   privacy_ledger.record_run(ledger, c.output_dir, known)
   hp = c.component_hparams('aggregator')
   return ledger, privacy_ledger.RecordingRuntime(
