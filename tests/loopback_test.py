@@ -496,13 +496,17 @@ class RefusalTest(absltest.TestCase):
     self._assert_refused_naming_the_opt_in(self.tff_context.install,
                                            'unshare (util-linux) is not on PATH')
 
-  def test_bin_train_runtime_tff_is_refused_in_one_line_before_writing_anything(self):
+  def _train(self, *extra):
     out = os.path.join(self.tmp, 'run')
-    proc = subprocess.run(
+    return out, subprocess.run(
         [_python(), '-m', 'bin.train', '--task=digits', '--runtime=tff', '--rounds=1',
-         f'--output_dir={out}', f'--cache_dir={os.path.join(self.tmp, "cache")}'],
-        cwd=testutil.REPO_ROOT, capture_output=True, text=True, timeout=300,
+         '--num_clients=4', '--clients_per_round=2', '--regularizer=none', f'--output_dir={out}',
+         f'--cache_dir={os.path.join(self.tmp, "cache")}', *extra],
+        cwd=testutil.REPO_ROOT, capture_output=True, text=True, timeout=600,
         env=dict(os.environ, TFF_DECORR_WORKER_NAMESPACE='0'))
+
+  def test_bin_train_runtime_tff_is_refused_in_one_line_before_writing_anything(self):
+    out, proc = self._train()
     self.assertEqual(proc.returncode, 2, proc.stderr[-3000:])
     (line,) = [l for l in proc.stderr.splitlines() if l.startswith('train: error:')]
     self.assertIn('refusing to start the TFF worker', line)
@@ -510,6 +514,13 @@ class RefusalTest(absltest.TestCase):
     self.assertIn('--worker_without_namespace', line)
     self.assertNotIn('Traceback', proc.stderr)
     self.assertFalse(os.path.exists(out))
+
+  def test_bin_train_with_the_opt_in_trains_on_a_checked_loopback_worker(self):
+    out, proc = self._train('--worker_without_namespace')
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    self.assertIn('round 1/1', proc.stdout)
+    self.assertIn('listens on 127.0.0.1 (checked', proc.stderr)  # the exposure accepted, said
+    self.assertTrue(os.path.exists(os.path.join(out, 'summary.json')))
 
   def test_missing_compiler_with_the_opt_in_is_refused_in_one_line(self):
     for module, name, value in ((self.netns, '_available', (False, 'not allowed in this test')),
