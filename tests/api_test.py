@@ -106,6 +106,8 @@ class RemovedPathsTest(absltest.TestCase):
 # layer and of lower ones, never of a higher one: at import time or inside a function alike.
 # Written out here, not derived from the imports: the test checks the imports against it.
 _LAYERS = (
+    # tasks/, imported as tff_decorr.tasks (docs/DESIGN.md, "Packaging"): datasets only, below all.
+    ('tasks', ('tff_decorr.tasks',)),
     ('base', ('tff_decorr.hparams', 'tff_decorr.tf_env', 'tff_decorr.regularizers',
               'tff_decorr.partitions', 'tff_decorr.data_options', 'tff_decorr.lazy')),
     ('models', ('tff_decorr.models',)),
@@ -126,14 +128,23 @@ _PACKAGE_NAMES_ANY_LAYER = ('__version__',)
 _PACKAGE_DIR = os.path.join(testutil.REPO_ROOT, 'tff_decorr')
 
 
+def _source_parts(dotted):
+  """The path parts of module `dotted` in the checkout, where tff_decorr.tasks and tff_decorr.bin
+  are tasks/ and bin/, beside the package (docs/DESIGN.md, "Packaging")."""
+  for name, folder in (('tff_decorr.tasks', 'tasks'), ('tff_decorr.bin', 'bin')):
+    if dotted == name or dotted.startswith(name + '.'):
+      return [folder, *dotted.split('.')[2:]]
+  return dotted.split('.')
+
+
 def _is_package(dotted):
-  return os.path.isfile(os.path.join(testutil.REPO_ROOT, *dotted.split('.'), '__init__.py'))
+  return os.path.isfile(os.path.join(testutil.REPO_ROOT, *_source_parts(dotted), '__init__.py'))
 
 
 def _is_module(dotted):
   """Whether `dotted` (tff_decorr...) is a module or package in the source tree."""
   return (_is_package(dotted) or
-          os.path.isfile(os.path.join(testutil.REPO_ROOT, *dotted.split('.')) + '.py'))
+          os.path.isfile(os.path.join(testutil.REPO_ROOT, *_source_parts(dotted)) + '.py'))
 
 
 def _layer(dotted):
