@@ -1,6 +1,7 @@
 """A run's configuration, a layer below the run program: the settings and their validation
 (config: Config, resolve, make, reading config.json) and the command line that turns flags into
-Configs (cli: bin/train's flags, the binaries' exit codes and error handler).
+Configs (cli: bin/train's flags, the binaries' exit codes and error handler; flag_table: those
+flags as data, read without TensorFlow).
 
 Submodules are imported on first use (tff_decorr.lazy.lazy_submodules).
 """
