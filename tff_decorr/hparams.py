@@ -26,8 +26,28 @@ def field(default: Any, help: str, *, minimum: Optional[float] = None,  # pylint
           allow_inf: bool = False, flag: Optional[str] = None) -> Any:
   """A hyper-parameter: default, one-line help, and the constraints `HParams` checks.
 
-  `flag` overrides the flag's suffix (FedUV's `lam` is `--feduv_lambda`: `lambda` is a Python
-  keyword)."""
+  Declares one field of an `HParams` dataclass; its type is the default's (bool, int, float or
+  str), and a value given later is converted to it and checked when the HParams is made.
+
+  Args:
+    default: the value when none is given; its type is the setting's type.
+    help: one line, the flag's help text.
+    minimum: lowest value allowed (numbers), None for no bound.
+    maximum: highest value allowed (numbers), None for no bound.
+    min_exclusive: the minimum itself is not allowed.
+    max_exclusive: the maximum itself is not allowed.
+    choices: the allowed values (strings), None for any.
+    allow_inf: a float may be +-inf (NaN never is).
+    flag: the flag's suffix, if not the field's name (FedUV's `lam` is `--feduv_lambda`: `lambda`
+      is a Python keyword).
+
+  Returns:
+    A `dataclasses.field` carrying the constraints as metadata.
+
+  Raises:
+    Nothing itself; the constraints are checked when an HParams is made (ValueError naming the
+    flag).
+  """
   return dataclasses.field(default=default, metadata={
       'help': help, 'minimum': minimum, 'maximum': maximum, 'min_exclusive': min_exclusive,
       'max_exclusive': max_exclusive, 'choices': tuple(choices) if choices else None,
@@ -36,8 +56,20 @@ def field(default: Any, help: str, *, minimum: Optional[float] = None,  # pylint
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  """Base of every component's hyper-parameters. `component` is the registry name (the flag
-  prefix), set by the registry when the component is registered."""
+  """Base of every component's hyper-parameters: a frozen dataclass of `field(...)`s.
+
+  `component` is the registry name (the flag prefix, `--<component>_<field>`); a subclass sets it.
+  Every value is converted to its field's type and checked against the field's constraints when
+  the object is made.
+
+  Args:
+    **fields: a value per field of the subclass (by name); a field left out takes its default.
+
+  Raises:
+    ValueError: a value of the wrong type or outside its constraints; the message names the flag
+      (`--fedprox_mu: must be >= 0.0, got -1.0.`).
+    TypeError: a keyword that is no field (use `from_mapping` for a message naming the settings).
+  """
 
   component: ClassVar[str] = ''
 
@@ -127,8 +159,17 @@ class NoHParams(HParams):
 
 
 class Registry:
-  """Components of one kind by name (regularisers, partitions): `add`, `names`, `get`. Each entry
-  has an `HParams` attribute (its settings' dataclass)."""
+  """Components of one kind by name (regularisers, partitions): `add`, `names`, `get`.
+
+  Each entry has an `HParams` attribute (its settings' dataclass, whose `component` is the name).
+
+  Args:
+    kind: what the registry holds, as its flag is named ('regularizer', 'partition').
+
+  Raises:
+    ValueError: from `add`, a name registered twice or an HParams whose `component` is not the
+      name; from `get`, an unknown name (the message names `--<kind>` and the choices).
+  """
 
   def __init__(self, kind: str):
     self.kind = kind

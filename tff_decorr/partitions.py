@@ -62,6 +62,24 @@ def dirichlet_partition(labels: Sequence[int], num_clients: int, alpha: float, s
 
   NumPy's *global* legacy RNG is used (that is what makes it bit-exact) but its state is saved
   before and restored after, so callers' own np.random draws are not affected.
+
+  Args:
+    labels: the class index of every example, 1-D integers >= 0.
+    num_clients: how many clients, >= 1.
+    alpha: the Dirichlet concentration, > 0 (smaller: more heterogeneous; inf: IID).
+    seed: the draw's seed.
+    min_size: every client gets at least this many examples (draws are repeated until so).
+    max_tries: how many draws to try.
+    num_classes: the number of classes K (default: max label + 1).
+
+  Returns:
+    One int64 array of example indices per client, client 0 first.
+
+  Raises:
+    ValueError: labels not 1-D non-negative integers, num_clients not in [1, examples], alpha not
+      > 0, fewer than min_size * num_clients examples, num_classes below the largest label, or
+      no draw in max_tries that gives every client min_size examples (the message names the
+      flag to change).
   """
   labels = np.asarray(labels)
   _check_common(labels, num_clients)
@@ -115,6 +133,19 @@ def pathological_partition(labels: Sequence[int], num_clients: int, classes_per_
 
   A class that no client drew (possible when num_clients * k < C) is left out of the federation;
   the returned indices then do not cover it, and `unassigned_classes` reports which.
+
+  Args:
+    labels: the class index of every example, 1-D integers >= 0.
+    num_clients: how many clients, >= 1.
+    classes_per_client: k, the classes each client holds, in [1, number of classes].
+    seed: the draw's seed.
+
+  Returns:
+    One int64 array of example indices per client, client 0 first.
+
+  Raises:
+    ValueError: labels not 1-D non-negative integers, num_clients not in [1, examples], or
+      classes_per_client out of range (naming --pathological_classes_per_client).
   """
   labels = np.asarray(labels)
   _check_common(labels, num_clients)
@@ -161,6 +192,17 @@ def iid_partition(num_examples: int, num_clients: int, seed: int = 0) -> List[np
 
   `RandomState(seed).permutation` is the same draw as the reference's
   `np.random.seed(seed); np.random.permutation(n)`, without touching the global RNG.
+
+  Args:
+    num_examples: how many examples to split.
+    num_clients: how many clients, in [1, num_examples].
+    seed: the permutation's seed.
+
+  Returns:
+    One int64 array of example indices per client (sizes differ by at most one).
+
+  Raises:
+    ValueError: num_clients not an integer in [1, num_examples] (naming --num_clients).
   """
   if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
     raise ValueError(f'--num_clients must be an integer >= 1, got {num_clients!r}.')
@@ -237,7 +279,21 @@ _REGISTRY = hparams.Registry('partition')
 
 def register(name: str, hparams_cls: type,
              split: Callable[[Data, int, int, Any], List[np.ndarray]]) -> None:
-  """Adds partition `name`: split(data, num_clients, seed, hp) -> one index array per client."""
+  """Adds partition `name`; its flags, `--partition` choice and `split` then work.
+
+  Args:
+    name: the partition's name (its flag prefix, `--<name>_<field>`).
+    hparams_cls: its settings, an `hparams.HParams` subclass whose `component` is `name`
+      (`hparams.NoHParams` for none).
+    split: split(data, num_clients, seed, hp) -> one index array per client; `data` is a `Data`
+      (labels, domains, num_classes, task), `hp` an instance of `hparams_cls`.
+
+  Returns:
+    None.
+
+  Raises:
+    ValueError: `name` is registered already, or `hparams_cls.component` is not `name`.
+  """
   _REGISTRY.add(name, Spec(name, hparams_cls, split))
 
 
@@ -252,6 +308,14 @@ register('domain', hparams.NoHParams, _domain)
 
 
 def names() -> Tuple[str, ...]:
+  """The registered partitions' names.
+
+  Returns:
+    A tuple of names, in registration order ('dirichlet', 'pathological', 'iid', 'domain', ...).
+
+  Raises:
+    Nothing.
+  """
   return _REGISTRY.names()
 
 
@@ -260,7 +324,22 @@ def hparams_class(name: str) -> type:
 
 
 def split(name: str, data: Data, num_clients: int, seed: int, hp=None) -> List[np.ndarray]:
-  """The clients' index arrays of partition `name` with settings `hp` (its HParams)."""
+  """The clients' index arrays of partition `name` with settings `hp`.
+
+  Args:
+    name: a name in `names()`.
+    data: the `Data` to split (labels, domains, num_classes, task).
+    num_clients: how many clients.
+    seed: the partition's seed (bin/train's --seed).
+    hp: an instance of the partition's HParams, or None for its defaults.
+
+  Returns:
+    One int64 array of example indices per client, client 0 first.
+
+  Raises:
+    ValueError: an unknown name, more clients than examples, or what the partition itself refuses
+      (each message names the flag to change).
+  """
   spec = _REGISTRY.get(name)
   if len(data.labels) < num_clients:
     raise ValueError(f'--num_clients: {num_clients} clients but the train split has only '

@@ -121,6 +121,15 @@ def feddecorr_loss(z: tf.Tensor) -> tf.Tensor:
   loss = mean over the d(d-1) off-diagonal entries of K^2, divided by N; 0 when N == 1.
   Equivalently ((N-1)^2 / N) * mean_{i!=j} R_ij^2 with R the Pearson correlation matrix.
   Gradients flow through the batch mean and variance. d == 1 has no off-diagonal entry: 0.
+
+  Args:
+    z: the batch's representations, [N, d] (any float dtype; integers are cast to float32).
+
+  Returns:
+    The loss, a scalar tensor (float64 for float64 z, else float32), not multiplied by beta.
+
+  Raises:
+    ValueError: z is not a matrix ([batch, features]) when its rank is known.
   """
   z = _as_float(z)
   _check_rank2(z, 'feddecorr_loss: z')
@@ -293,6 +302,14 @@ class Regularizer:
 
 @dataclasses.dataclass(frozen=True)
 class FedDecorrHParams(hparams.HParams):
+  """FedDecorr's settings (`--feddecorr_beta`).
+
+  Args:
+    beta: the coefficient of the decorrelation loss in the client's loss, >= 0.
+
+  Raises:
+    ValueError: beta negative or not a finite number (the message names --feddecorr_beta).
+  """
   component: ClassVar[str] = 'feddecorr'
   beta: float = hparams.field(0.1, 'FedDecorr coefficient: loss += beta * decorrelation loss '
                               '(the reference: 0.1; 0.05 on CIFAR-100).', minimum=0.0)
@@ -337,8 +354,22 @@ _REGISTRY = hparams.Registry('regularizer')
 def register(name: str, hparams_cls: type,
              make: Callable[[Any], Callable[[tf.Tensor, tf.Tensor], tf.Tensor]],
              drop_last: bool = False) -> None:
-  """Adds regulariser `name`: `make(hp)` returns fn(representation, logits) -> scalar, already
-  multiplied by its coefficient(s). Its flags, `--regularizer` choice and `get` then work."""
+  """Adds regulariser `name`; its flags, `--regularizer` choice and `get` then work.
+
+  Args:
+    name: the regulariser's name (its flag prefix, `--<name>_<field>`).
+    hparams_cls: its settings, an `hparams.HParams` subclass whose `component` is `name`
+      (`hparams.NoHParams` for none).
+    make: `make(hp)` returns fn(representation [N, d], logits [N, C]) -> scalar tensor, already
+      multiplied by its coefficient(s) and written for any batch size.
+    drop_last: clients train on full batches only (FedUV's code drops the last one).
+
+  Returns:
+    None.
+
+  Raises:
+    ValueError: `name` is registered already, or `hparams_cls.component` is not `name`.
+  """
   _REGISTRY.add(name, Spec(name, hparams_cls, make, drop_last))
 
 
@@ -359,6 +390,14 @@ register('structured_decov', StructuredDeCovHParams,
 
 
 def names() -> Tuple[str, ...]:
+  """The registered regularisers' names.
+
+  Returns:
+    A tuple of names, in registration order ('none', 'feddecorr', ...).
+
+  Raises:
+    Nothing.
+  """
   return _REGISTRY.names()
 
 
@@ -372,8 +411,22 @@ def drops_last_batch(name: str) -> bool:
 
 
 def get(name: str, hparams=None, **values) -> Regularizer:  # pylint: disable=redefined-outer-name
-  """The regulariser `name` with its hyper-parameters: an instance of its HParams, or its fields
-  as keywords (`get('feddecorr', beta=0.05)`); an unknown keyword is an error, never ignored."""
+  """The regulariser `name` with its hyper-parameters, ready for the client loss.
+
+  Args:
+    name: a name in `names()`.
+    hparams: an instance of its HParams (`FedDecorrHParams(beta=0.05)`), or None.
+    **values: its fields as keywords instead (`get('feddecorr', beta=0.05)`); neither: defaults.
+
+  Returns:
+    A `Regularizer`: `reg(representation, logits)` returns the scalar loss term, already
+    multiplied by its coefficient(s); `reg.coefficients` holds the settings by field name.
+
+  Raises:
+    ValueError: an unknown name (the message lists the choices), an unknown keyword (never
+      ignored), a value out of range (naming its flag), both `hparams` and keywords, or `hparams`
+      of another component's class.
+  """
   spec = _REGISTRY.get(name)
   if values:
     if hparams is not None:

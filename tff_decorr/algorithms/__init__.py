@@ -32,8 +32,20 @@ _REGISTRY = {}
 
 
 def register(cls: type) -> type:
-  """Adds an algorithm (a base.Algorithm subclass with a unique `name` and its `HParams`) to the
-  registry: its flags, `--algorithm` choice and `build` then work without further edits."""
+  """Adds an algorithm to the registry: its flags, `--algorithm` choice and `build` then work
+  without further edits (docs/DESIGN.md, "Adding an algorithm"). Usable as a class decorator.
+
+  Args:
+    cls: a `base.Algorithm` subclass with a unique `name` and its `HParams` (whose `component` is
+      the name).
+
+  Returns:
+    `cls` itself.
+
+  Raises:
+    ValueError: `cls` is not a named Algorithm subclass, another class has its name, or its
+      HParams' `component` is not its name.
+  """
   if not (isinstance(cls, type) and issubclass(cls, base.Algorithm)) or not cls.name:
     raise ValueError(f'register: {cls!r} is not a named tff_decorr Algorithm subclass.')
   if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
@@ -46,6 +58,14 @@ def register(cls: type) -> type:
 
 
 def names() -> tuple:
+  """The registered algorithms' names.
+
+  Returns:
+    A tuple of names, the built-in ones (`NAMES`) first, then those registered later.
+
+  Raises:
+    Nothing.
+  """
   return tuple(_REGISTRY)
 
 
@@ -64,12 +84,29 @@ def build(name: str, model_fn: Callable, config: ClientConfig = ClientConfig(),
           regularizer: Optional[Callable] = None, hparams=None, *,
           num_clients: Optional[int] = None, local_epochs: int = 1,
           **values) -> base.Algorithm:
-  """Builds algorithm `name` with `hparams` (its HParams), or with its fields as keywords
-  (`build('fedprox', ..., mu=0.01)`; an unknown keyword is an error). `num_clients` (the total
-  number of clients N) is required by algorithms that declare `needs_num_clients` (SCAFFOLD)
-  and ignored by the others. `local_epochs`: the passes over a client's examples its dataset
-  holds, given to algorithms that declare `needs_local_epochs` (FedLC counts labels per epoch)
-  and ignored by the others."""
+  """Builds algorithm `name`: its client step and server step over a model.
+
+  Args:
+    name: a name in `names()`.
+    model_fn: no-arg callable returning a Keras model with the project's dict outputs
+      ({'representation', 'logits'}; `runtimes.learning.as_dict_model` wraps a plain one).
+    config: the client optimiser (`ClientConfig`: lr, momentum, weight_decay).
+    regularizer: fn(representation, logits) -> scalar added to the client loss (a
+      `regularizers.get(...)`), or None.
+    hparams: an instance of the algorithm's HParams, or None.
+    num_clients: the total number of clients N; required by algorithms that declare
+      `needs_num_clients` (SCAFFOLD), ignored by the others.
+    local_epochs: the passes over a client's examples its dataset holds, for algorithms that
+      declare `needs_local_epochs` (FedLC counts labels per epoch), ignored by the others.
+    **values: the HParams' fields as keywords instead (`build('fedprox', ..., mu=0.01)`).
+
+  Returns:
+    The `base.Algorithm` instance.
+
+  Raises:
+    ValueError: an unknown name, an unknown keyword (never ignored), a value out of range (naming
+      its flag), both `hparams` and keywords, or num_clients missing where it is needed.
+  """
   cls = algorithm_class(name)
   if values:
     if hparams is not None:

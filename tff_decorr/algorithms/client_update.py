@@ -49,7 +49,16 @@ class ClientConfig(hparams.HParams):
 
   Declared like every component's settings (tff_decorr.hparams): one place for defaults, help and
   validation, whose errors name bin/train's flags (`--client_lr`, `--momentum`, `--weight_decay`);
-  a run's Config builds it once (`Config.client_optimizer`)."""
+  a run's Config builds it once (`Config.client_optimizer`).
+
+  Args:
+    lr: the learning rate, > 0 (`--client_lr`).
+    momentum: PyTorch-form momentum, in [0, 1) (`--momentum`).
+    weight_decay: coupled L2 decay, >= 0 (`--weight_decay`).
+
+  Raises:
+    ValueError: a value out of range or not a finite number (the message names the flag).
+  """
   lr: float = hparams.field(0.01, 'Client SGD learning rate.', minimum=0.0, min_exclusive=True,
                             flag='client_lr')
   momentum: float = hparams.field(0.9, 'Client SGD momentum (PyTorch form: buf = m buf + g).',

@@ -277,6 +277,15 @@ def singular_values(cov: Any) -> np.ndarray:
   mixes in the left/right singular vectors). Round-off can make eigenvalues that are truly 0 come out
   as tiny negatives (|x| ~ 1e-16 * lambda_max); they are clipped to 0, which is what an SVD would
   report (singular values are >= 0). The matrix is symmetrised first, (C + C^T) / 2.
+
+  Args:
+    cov: a covariance matrix [d, d] (NumPy array or tensor), e.g. `representation_covariance`'s.
+
+  Returns:
+    The d singular values, float64, descending, >= 0.
+
+  Raises:
+    ValueError: `cov` is not square 2-D, or holds NaN or Inf.
   """
   cov = np.asarray(cov.numpy() if hasattr(cov, 'numpy') else cov, dtype=np.float64)
   if cov.ndim != 2 or cov.shape[0] != cov.shape[1]:
@@ -323,6 +332,15 @@ def effective_rank(sv: Any) -> float:
 
   Zeros contribute 0 to the entropy (0 log 0 = 0). A spectrum of r equal non-zero values has
   effective rank r; an all-zero spectrum (a constant representation) gets 0.
+
+  Args:
+    sv: singular values, 1-D, finite, non-negative (any order).
+
+  Returns:
+    The effective rank, a float in [0, len(sv)] (1 <= it when any value is non-zero).
+
+  Raises:
+    ValueError: `sv` is empty, not 1-D, or has a negative or non-finite value.
   """
   sv = as_spectrum(sv, 'sv')
   total = sv.sum()
@@ -345,6 +363,20 @@ def local_global_gap(sv_local: Any, sv_global: Any, k: Optional[int] = None,
   non-zero value contributes a large but finite term. If both spectra are all zero, R = 0.
   normalize=True divides each spectrum by its own largest value first (R then compares shapes only,
   not the overall scale); the papers' R is normalize=False.
+
+  Args:
+    sv_local: the local model's singular values (1-D, finite, non-negative).
+    sv_global: the global model's singular values (same requirements).
+    k: how many of the largest values to compare, in [1, the shorter length]; None for all.
+    rel_floor: the zero floor relative to the largest value, in (0, 1).
+    normalize: divide each spectrum by its largest value first.
+
+  Returns:
+    R, a float (natural log; 0 for identical spectra).
+
+  Raises:
+    ValueError: a spectrum that is empty, not 1-D, negative or non-finite; k or rel_floor out of
+      range.
   """
   local = np.sort(as_spectrum(sv_local, 'sv_local'))[::-1]
   glob = np.sort(as_spectrum(sv_global, 'sv_global'))[::-1]
@@ -369,7 +401,21 @@ def local_global_gap(sv_local: Any, sv_global: Any, k: Optional[int] = None,
 
 def spectrum_summary(sv: Any, log10_tau: float = DEFAULT_LOG10_TAU,
                      top: int = DEFAULT_TOP) -> dict[str, Any]:
-  """JSON-serialisable summary of one spectrum (plain Python floats and ints only)."""
+  """JSON-serialisable summary of one spectrum (plain Python floats and ints only).
+
+  Args:
+    sv: singular values, 1-D, finite, non-negative (any order).
+    log10_tau: the threshold of the significant-value counts, log10.
+    top: how many of the largest values to list, >= 1.
+
+  Returns:
+    A dict: dim, trace, largest, smallest, effective_rank, log10_tau,
+    num_significant_normalized (values / largest above tau), num_significant_absolute, num_nonzero,
+    top (the largest `top` values) and top_log10 (None for a zero).
+
+  Raises:
+    ValueError: `sv` is empty, not 1-D, negative or non-finite, or top < 1.
+  """
   sv = np.sort(as_spectrum(sv, 'sv'))[::-1]
   if not isinstance(top, (int, np.integer)) or top < 1:
     raise ValueError(f'top must be a positive integer; got {top!r}.')

@@ -96,7 +96,22 @@ def _finish_axes(ax, last: int, title: Optional[str]) -> None:
 
 def plot_spectra(curves: Mapping[str, Any], path: str, top: int = 100,
                  title: Optional[str] = 'Singular values of the representation covariance') -> str:
-  """Log-scale singular values vs index (top `top`) of several runs on one axes; returns `path`."""
+  """Log-scale singular values vs index (top `top`) of several runs on one axes.
+
+  Args:
+    curves: {label: singular values (any order; 1-D, finite, non-negative)}, at least one.
+    path: the image file to write (its extension chooses the format: .png, .svg, .pdf); parent
+      directories are made.
+    top: how many of the largest values to draw, >= 1.
+    title: the axes' title, None for none.
+
+  Returns:
+    `path`.
+
+  Raises:
+    ValueError: no curves, a spectrum that is not 1-D, finite and non-negative, or top < 1.
+    OSError: `path` cannot be written.
+  """
   if not curves:
     raise ValueError('curves must map at least one label to a spectrum.')
   _check_top(top)
@@ -114,7 +129,24 @@ def plot_spectra(curves: Mapping[str, Any], path: str, top: int = 100,
 
 def plot_local_vs_global(sv_local: Any, sv_global: Any, path: str, r_value: float,
                          top: int = 100, title: Optional[str] = 'Local vs global spectrum') -> str:
-  """The local model's and the global model's spectra, with R written in the corner."""
+  """The local model's and the global model's spectra on one log axes, with R written in the corner.
+
+  Args:
+    sv_local: the local model's singular values (1-D, finite, non-negative).
+    sv_global: the global model's singular values (same requirements).
+    path: the image file to write (its extension chooses the format); parent directories are
+      made.
+    r_value: the local-vs-global gap R to print (`analysis.local_global_gap`).
+    top: how many of the largest values to draw, >= 1.
+    title: the axes' title, None for none.
+
+  Returns:
+    `path`.
+
+  Raises:
+    ValueError: a spectrum that is not 1-D, finite and non-negative, or top < 1.
+    OSError: `path` cannot be written.
+  """
   _check_top(top)
   local = _spectrum(sv_local, 'sv_local')
   glob = _spectrum(sv_global, 'sv_global')
@@ -207,7 +239,26 @@ def curves_figure(panels: Mapping[str, Sequence[Mapping[str, Any]]], xlabel: str
 def plot_curves(panels: Mapping[str, Any], path: str, xlabel: str = 'round',
                 ylabel: str = 'test accuracy', title: Optional[str] = None,
                 formats: Sequence[str] = ()) -> str:
-  """`curves_figure` written to `path` (and beside it in `formats`, e.g. FORMATS)."""
+  """Curves on one axes per panel (`curves_figure`), written to `path`.
+
+  Args:
+    panels: {panel title: [curve, ...]}, each curve a mapping with 'label', 'x', 'y' and optionally
+      'color', 'std' (a +-std band), 'linestyle', 'incomplete' (drawn dotted); at least one panel.
+    path: the image file to write (its extension chooses the format); parent directories are
+      made.
+    xlabel: the x axis' label.
+    ylabel: the y axis' label.
+    title: the figure's title, None for none.
+    formats: more formats written beside `path`, its extension replaced (e.g. FORMATS: svg, pdf).
+
+  Returns:
+    `path`.
+
+  Raises:
+    ValueError: no panels.
+    KeyError: a curve without 'label', 'x' or 'y'.
+    OSError: a file cannot be written.
+  """
   return _save(curves_figure(panels, xlabel, ylabel, title), path, formats)
 
 

@@ -56,7 +56,46 @@ RESUMABLE_KEYS = frozenset({
 
 @dataclasses.dataclass
 class Config:
-  """Every setting of a run. Component settings live in `hparams` (see the module docstring)."""
+  """Every setting of a run. Component settings live in `hparams` (see the module docstring).
+
+  Made by `make`, `resolve`, `from_dict` or bin/train's flags, which resolve and validate it; one
+  built by hand is checked by `validate` when it is trained (run/composition.py).
+
+  Args:
+    task: the task's name (tasks.registry: 'digits', 'cifar10', ...).
+    model: the model's name ('' : the task's default model).
+    algorithm: the algorithm's name (algorithms.names()).
+    regularizer: the regulariser's name (regularizers.names()).
+    partition: the partition's name (partitions.names()).
+    aggregator: the aggregator's name (federated.aggregation.names()).
+    num_clients: the clients the train split is divided among.
+    clients_per_round: the clients sampled each round.
+    rounds: the rounds to train.
+    local_epochs: passes over its data a client makes each round.
+    batch_size: the clients' batch size.
+    client_lr: the client SGD's learning rate.
+    momentum: the client SGD's momentum.
+    weight_decay: the client SGD's coupled L2 decay.
+    seed: the run's seed (partition, sampling, data order, initialisation).
+    projection_dim: width of a projection head (MOON), 0 for none.
+    decomposed: filter-decomposed convolutions.
+    num_atoms: atoms of decomposed convolutions (0: k*k).
+    init: the weights' initialisation ('' : the model's reference one).
+    precision: 'float32' or 'mixed_bfloat16'.
+    runtime: 'auto', 'tff' or 'tf'.
+    eval_every: evaluate every this many rounds.
+    export_every: export a SavedModel every this many rounds (0: at the end).
+    data_dir: the TFDS data directory ('' : TFDS' default).
+    cache_dir: where client datasets are written ('' : beside the run).
+    output_dir: the run directory.
+    workers: remote TFF workers (host:port, comma-separated), '' for a local one.
+    max_concurrent_computation_calls: the TFF worker's limit (-1: none).
+    track_collapse: measure the global model's spectrum during training.
+    hparams: {component name: its HParams, or a plain {field: value} mapping}.
+
+  Raises:
+    ValueError: a component setting in `hparams` out of its range or unknown (naming its flag).
+  """
   task: str = 'digits'
   model: str = ''
   algorithm: str = 'fedavg'
@@ -540,10 +579,21 @@ def directory_hash(config: Config, task) -> str:
 
 
 def make(**values) -> Config:
-  """A validated Config from keywords, for code that has no flags (benchmarks, tests): generic
-  fields by name and component settings by their flag names (`dirichlet_alpha=0.5`,
-  `feddecorr_beta=0.1`, `fedprox_mu=1e-3`); everything else from the task's and components'
-  defaults, as bin/train resolves it. An unknown keyword is an error."""
+  """A validated Config from keywords, for code that has no flags, resolved as bin/train does.
+
+  Args:
+    **values: generic fields by name (`task='digits'`, `rounds=5`, `output_dir=...`) and component
+      settings by their flag names (`dirichlet_alpha=0.5`, `feddecorr_beta=0.1`,
+      `fedprox_mu=1e-3`); everything else comes from the task's and the components' defaults.
+
+  Returns:
+    The Config (one regulariser: `regularizer`, default 'feddecorr'; `output_dir` as given, ''
+    when not).
+
+  Raises:
+    ValueError: an unknown keyword (never ignored), an unknown task or component, a value out of
+      range, or a setting of a component the run does not use; the message names the flag.
+  """
   from tff_decorr.tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   task = task_registry.get(values.get('task', Config.task))
   generic, components, unknown = _split_settings(values)

@@ -197,6 +197,15 @@ for _entry in (
 
 
 def names():
+  """The registered aggregators' names (bin/train's --aggregator choices).
+
+  Returns:
+    A tuple of names: 'mean' (the algorithm's own weighted sum), then the tff.aggregators
+    factories ('robust', 'dp', 'compression', 'secure', ...).
+
+  Raises:
+    Nothing.
+  """
   return _REGISTRY.names()
 
 

@@ -40,6 +40,14 @@ PRECISIONS = _precision.PRECISIONS
 
 
 def names() -> Tuple[str, ...]:
+  """The registered models' names.
+
+  Returns:
+    A tuple of names ('small_cnn', 'resnet20', ...).
+
+  Raises:
+    Nothing.
+  """
   return tuple(_REGISTRY)
 
 
@@ -52,9 +60,24 @@ def default_init(name: str) -> str:
 
 
 def build(name: str, *, num_classes: int, input_shape: Sequence[int], **kwargs) -> tf.keras.Model:
-  """Builds model `name`. Common kwargs: projection_dim (None/0: no MOON head), decomposed,
-  num_atoms (0/None: k*k); some models take more (small_cnn: width, representation_dim;
-  alexnet_bn: hidden_dim)."""
+  """Builds model `name` with the project's model contract (docs/DESIGN.md, "Model contract").
+
+  Args:
+    name: a name in `names()`.
+    num_classes: the classifier's outputs.
+    input_shape: one example's shape, [H, W, C] (preprocessed float32 images).
+    **kwargs: the model's own arguments; common ones: projection_dim (None/0: no MOON head),
+      decomposed, num_atoms (0/None: k*k), init ('torch' | 'kaiming_normal' | 'keras'); some
+      models take more (small_cnn: width, representation_dim; alexnet_bn: hidden_dim).
+
+  Returns:
+    A `tf.keras.Model` whose call returns {'representation': [N, d] float32, 'logits':
+    [N, num_classes] float32}.
+
+  Raises:
+    ValueError: an unknown name (naming --model and the choices), or an argument this model does
+      not take (listing those it does).
+  """
   if name not in _REGISTRY:
     raise ValueError(f'--model: unknown model {name!r}; choose one of {", ".join(names())}.')
   fn = _REGISTRY[name]

@@ -121,14 +121,35 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
           log=print, timer: Optional[phases.Phases] = None) -> Optional[dict]:
   """Runs (or resumes) one configuration in `config.output_dir`; returns its summary.
 
-  `config` comes from `tff_decorr.configs.cli.resolve_configs` (what bin/train does with its
-  flags), `config.resolve` or `config.make`, or is built directly. Re-running with the same configuration resumes after the last completed round.
-  Returns None when the directory already holds more rounds than `config.rounds`. Raises
-  ValueError (bad settings, unusable directory, round_loop.CheckpointError),
-  round_loop.NonFiniteError, round_loop.DiskFullError, round_loop.Interrupted.
-  Exit codes and messages of these are mapped by `tff_decorr.configs.cli.run_guarded`.
-  `timer` (a phases.Phases, e.g. holding bin/train's start-up) is given this run's phases; they are
-  logged at the end and written to summary.json as `phases_s`.
+  The run directory gets config.json, metrics.csv, TensorBoard logs, checkpoints, the exported
+  model and summary.json (README, "What a run writes"). Re-running with the same configuration
+  resumes after the last completed round.
+  Exit codes and messages of the errors below are mapped by `tff_decorr.configs.cli.run_guarded`.
+
+  Args:
+    config: the run's Config, from `tff_decorr.configs.config.make` (or `resolve`), bin/train's
+      flags (`tff_decorr.configs.cli.resolve_configs`), or built directly (validated here);
+      `config.output_dir` must be set.
+    overwrite: move a run directory holding another configuration aside (never deleted) and
+      start afresh, instead of refusing it.
+    save_local_models: client ids whose locally trained models are saved (bin/train
+      --save_local_models).
+    save_local_rounds: the rounds at which they are saved (default: the last).
+    log: where progress lines go.
+    timer: a phases.Phases (e.g. holding bin/train's start-up), given this run's phases; they are
+      logged at the end and written to summary.json as `phases_s`.
+
+  Returns:
+    The run's summary (summary.json's contents: final and best test accuracy, rounds, timings,
+    versions), or None when the directory already holds more rounds than `config.rounds`.
+
+  Raises:
+    ValueError: bad settings, an unusable run directory (another configuration without
+      `overwrite`, a config.json of before 0.2.0, a lock held by another process), or an
+      unreadable checkpoint (round_loop.CheckpointError); the message says what to do.
+    round_loop.NonFiniteError: the loss or weights became NaN or Inf.
+    round_loop.DiskFullError: the disk filled up while writing the run.
+    round_loop.Interrupted: SIGINT or SIGTERM; the last completed round is checkpointed.
   """
   timer = timer or phases.Phases()
   setup_start = time.perf_counter()

@@ -263,6 +263,14 @@ def from_keras_model(keras_model: tf.keras.Model, input_spec,
     representation_layer: the name of the layer whose output is the representation (flattened).
     from_logits: False when the model's output is already a softmax.
     **coefficients: regulariser coefficients for `regularizers.get` (beta; lam, mu for FedUV).
+
+  Returns:
+    The `tff.learning.models.VariableModel` (a RegularizedKerasModel) over `keras_model`.
+
+  Raises:
+    ValueError: an unknown regulariser or coefficient, a `representation_layer` the model does not
+      have (or none given for a one-output model), a compiled model, or an `input_spec` that is
+      not (x, y) or {'x', 'y'}.
   """
   reg = _regularizer(regularizer, coefficients)
   dict_model = as_dict_model(keras_model, representation_layer)
@@ -348,6 +356,18 @@ def build_process(name: str, model_fn: Callable[[], tf.keras.Model],
       temperature, scaffold server_lr / num_clients (default len(client_ids)), fedlc tau /
       local_epochs (the passes client_dataset_fn's datasets hold, default 1), fedrs alpha,
       fedsam rho).
+
+  Returns:
+    The `tff.learning.templates.LearningProcess` (initialize, next, get_model_weights,
+    set_model_weights), to run in a TFF execution context (`tff_context.install()`).
+
+  Raises:
+    ValueError: an algorithm without a LearningProcess form, a model_fn or client_dataset_fn that
+      is not callable, client_ids missing (fedbn, moon, scaffold) or repeated, an unknown
+      regulariser or setting, a model_aggregator that is no factory or cannot be combined with the
+      algorithm, a `representation_layer` the model lacks, or a client_dataset_fn that captures
+      tensors created outside it (the message says why and what to do).
+    TypeError: client_dataset_fn returns something other than a tf.data.Dataset.
   """
   if name not in process_algorithms():
     raise ValueError(f'name={name!r}: no LearningProcess form; choose one of '

@@ -660,9 +660,30 @@ def build(study_dir: str, output_dir: str, spectra: bool = True, data_dir: Optio
           max_examples: Optional[int] = None, batch_size: int = 256,
           log: Callable[[str], None] = print, latex_table: bool = False,
           thresholds: Sequence[float] = ()) -> Dict[str, str]:
-  """Writes the report of the study in `study_dir` to `output_dir`; returns {kind: path}.
-  `latex_table`: also table.tex (`latex`). `thresholds`: test accuracies (fractions) whose first
-  round each configuration reached, as a table (`progress_table`)."""
+  """Writes the report of the study in `study_dir` to `output_dir`.
+
+  The report: a table over seeds (Markdown, CSV), accuracy curves, collapse spectra and one
+  self-contained HTML page (docs/studies.md).
+
+  Args:
+    study_dir: a bin/study directory (its study.json and runs/).
+    output_dir: where the report's files go (created).
+    spectra: measure each run's exported model (spectra.json, figures); False skips it.
+    data_dir: the TFDS data directory of the test split (default: each run's config.json's).
+    max_examples: cap on the test examples the spectra use, None for all.
+    batch_size: batch size of the spectra's forward passes.
+    log: where progress lines go.
+    latex_table: also write table.tex (`latex`).
+    thresholds: test accuracies (fractions) whose first round each configuration reached, as a
+      table (`progress_table`).
+
+  Returns:
+    {kind: path} of the files written ('csv', 'markdown', 'html', the figures' formats).
+
+  Raises:
+    study.StudyError: `study_dir` is no study (no study.json) or lists no runs; the message says
+      what to do.
+  """
   manifest = study.read_manifest(study_dir)
   runs = load_runs(study_dir, manifest)
   if not runs:

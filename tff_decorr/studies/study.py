@@ -120,8 +120,18 @@ def read_study_file(path: str, allowed: Sequence[str]) -> Dict[str, Any]:
 def build_grid(given: Mapping[str, Any], order: Sequence[str]) -> Dict[str, List[str]]:
   """{flag: [values]} in bin/train's flag order, seeds last (cells of one setting stay together).
 
-  `given` maps a flag to a comma-separated string or a list (from a study file); WHOLE_FLAGS keep
-  their one value, with paths made absolute (the children run from the repository root)."""
+  Args:
+    given: {flag: a comma-separated string or a list of values (from a study file)}; WHOLE_FLAGS
+      keep their one value, with paths made absolute (the children run from the repository root).
+    order: bin/train's flag names in their order; every flag of `given` is among them.
+
+  Returns:
+    {flag: [values as strings]}, each value once.
+
+  Raises:
+    StudyError: a WHOLE_FLAGS flag given several values, or an empty value (naming the flag).
+    ValueError: a flag of `given` not in `order`.
+  """
   grid: Dict[str, List[str]] = {}
   for name in sorted(given, key=lambda n: (n == 'seed', order.index(n))):
     value = given[name]
@@ -204,7 +214,18 @@ def make_plan(grid: Mapping[str, Sequence[str]]) -> Plan:
   A component setting (`--fedprox_mu`) is given only to cells whose algorithm, regulariser,
   partition or aggregator is that component (bin/train refuses a setting its run does not use);
   cells that are then the same run are planned once. Without --regularizer, each cell runs the
-  task's default regularisers (the embedded task: none and feddecorr), as bin/train does."""
+  task's default regularisers (the embedded task: none and feddecorr), as bin/train does.
+
+  Args:
+    grid: {flag: [values]}, as `build_grid` returns it.
+
+  Returns:
+    The Plan: its cells (each a bin/train command and run directory), the errors of the cells that
+    cannot run (one line each, naming the flag; nothing is refused by raising) and notes.
+
+  Raises:
+    Nothing for a bad cell (it is in `errors`).
+  """
   from tff_decorr.tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   component_of = _component_of_flag()
   resumable_axes = [n for n, v in grid.items() if n in config_lib.RESUMABLE_KEYS and len(v) > 1]
@@ -328,6 +349,19 @@ def write_tensorboard_config(study_dir: str, plan: Plan) -> str:
 
 
 def read_manifest(study_dir: str, flag: str = '--study_dir') -> dict:
+  """A study's manifest (study.json: its grid, cells and their status).
+
+  Args:
+    study_dir: the study's directory (bin/study's --study_dir).
+    flag: the flag named in errors.
+
+  Returns:
+    The manifest, a dict with at least 'cells' (a list).
+
+  Raises:
+    StudyError: the directory or its study.json does not exist, cannot be read, or was written by
+      a newer version (the message says what to do).
+  """
   path = os.path.join(study_dir, MANIFEST)
   if not os.path.isdir(study_dir):
     raise StudyError(f'{flag}={study_dir} does not exist; give the --study_dir of a bin/study run.')
@@ -386,7 +420,21 @@ class _Job:
 
 class Runner:
   """Runs a plan's unfinished cells, `jobs` at a time, each a `python -m tff_decorr.bin.train`
-  child."""
+  child (`run()`), recording their status in the study's manifest.
+
+  Args:
+    study_dir: the study's directory (runs/, logs/ and study.json are written there).
+    plan: the Plan of `make_plan`.
+    jobs: how many children at a time.
+    command: the bin/study command line, recorded in the manifest.
+    log: where progress lines go.
+    python: the interpreter the children run with.
+    poll_seconds: how often the children are polled.
+
+  Raises:
+    Nothing when made; `run()` raises KeyboardInterrupt after stopping the children on Ctrl-C or
+    SIGTERM.
+  """
 
   def __init__(self, study_dir: str, plan: Plan, jobs: int = 1, command: Sequence[str] = (),
                log: Callable[[str], None] = print, python: str = sys.executable,
