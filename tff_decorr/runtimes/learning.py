@@ -51,8 +51,15 @@ from tff_decorr.runtimes import tff_runtime
 
 
 def process_algorithms() -> tuple:
-  """The registered algorithms with a LearningProcess form: those whose upload a tff.aggregators
-  factory can aggregate (`Algorithm.upload`; fedavg_decomposed has none)."""
+  """The registered algorithms with a LearningProcess form (`build_process`'s names).
+
+  Returns:
+    A tuple of names: those whose upload a tff.aggregators factory can aggregate
+    (`Algorithm.upload`; fedavg_decomposed has none).
+
+  Raises:
+    Nothing.
+  """
   return tuple(n for n in algorithms.names() if algorithms.algorithm_class(n).upload is not None)
 
 RegularizerArg = Union[str, regularizers.Regularizer, Callable[[tf.Tensor, tf.Tensor], tf.Tensor],
@@ -72,6 +79,20 @@ def as_dict_model(keras_model: tf.keras.Model,
   Otherwise `representation_layer` names the layer whose output is the representation (flattened
   to [N, d]) and the model's single output is the logits. The returned model shares the layers, and
   so the variables, of `keras_model`: training one trains the other.
+
+  Args:
+    keras_model: a Keras model: with the dict outputs already, or a functional or Sequential model
+      with one output (the logits).
+    representation_layer: the name of the layer whose output is the representation; needed unless
+      the model returns the dict already.
+
+  Returns:
+    A Keras model whose call returns {'representation': [N, d], 'logits': [N, classes]}.
+
+  Raises:
+    ValueError: not a Keras model, no `representation_layer` for a model without the dict
+      outputs, a subclassed model (no graph to find the layer in), a layer name the model lacks
+      (the message lists its layers), or several outputs.
   """
   if not isinstance(keras_model, tf.keras.Model):
     raise ValueError(f'keras_model must be a tf.keras.Model, got {type(keras_model).__name__}.')
