@@ -66,6 +66,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments {argv[1:]}; flags are --name=value.')
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.INFO)  # The progress lines are INFO.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (imported once flags are parsed)
   tf.get_logger().setLevel('ERROR')
   return cli.run_guarded('study', _main, interrupted_message='interrupted; the runs stopped after '
                          'their last completed round; re-run the same command to resume')

@@ -72,8 +72,8 @@ def _as_text(value: Any) -> str:
 
 def grid_flag_names(train_flags: flags.FlagValues) -> List[str]:
   """The bin/train flags a study takes, in bin/train's order: all but the ones the study sets
-  itself and the deprecated spellings (a new command need not carry them)."""
-  skip = set(STUDY_OWNED) | set(config_lib.LEGACY_ALIASES)
+  itself."""
+  skip = set(STUDY_OWNED)
   names = []
   for name in train_flags:
     flag = train_flags[name]
