@@ -26,6 +26,31 @@ class PartitionCliTest(absltest.TestCase):
     parts = partitions.dirichlet_partition(labels, 5, 0.3, seed=2)
     np.testing.assert_array_equal(got, partitions.class_count_matrix(labels, parts, 10))
 
+  def test_task_defaults_as_bin_train_resolves_them(self):
+    """cifar10 without a partition flag: its task's Dirichlet alpha 0.05 (not the partition's own
+    0.5) and its clients, the partition bin/train's configuration of the same flags trains on."""
+    data_dir = testutil.shared_tfds_dir()
+    if data_dir is None:
+      self.skipTest('no prepared cifar10 in ../shared/data/tfds beside the checkout')
+    png = os.path.join(tempfile.mkdtemp(), 'p.png')
+    proc = testutil.run_module('bin.partition', '--task=cifar10', f'--data_dir={data_dir}',
+                               f'--output={png}')
+    self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+    self.assertIn('cifar10: dirichlet partition, alpha 0.05, 10 clients, seed 0', proc.stdout)
+    rows = [l.split() for l in proc.stdout.splitlines() if l.strip() and l.split()[0].isdigit()]
+    got = np.array([[int(v) for v in r[1:11]] for r in rows])
+    # bin/train's flags resolved by bin/train's own path (bin/study checks its cells with it).
+    from tff_decorr.configs import cli  # pylint: disable=g-import-not-at-top
+    from tff_decorr.studies import study  # pylint: disable=g-import-not-at-top
+    train_flags = study.new_train_flags()
+    train_flags(['train', '--task=cifar10', f'--data_dir={data_dir}'])
+    config = cli.resolve_configs(train_flags)[0]
+    self.assertEqual((config.partition, config.component_hparams('partition').alpha,
+                      config.num_clients, config.seed), ('dirichlet', 0.05, 10, 0))
+    _, labels, _ = registry.get('cifar10').load_split('train', data_dir)
+    parts = partitions.dirichlet_partition(labels, 10, 0.05, seed=0)
+    np.testing.assert_array_equal(got, partitions.class_count_matrix(labels, parts, 10))
+
   def test_bad_flags(self):
     # Errors name the flags; a tiny alpha gives the one-line error without NumPy warnings before
     # it.

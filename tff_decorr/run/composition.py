@@ -26,6 +26,16 @@ from tff_decorr import partitions
 from tff_decorr import regularizers
 
 
+def client_partition(config: config_lib.Config, task, labels, domains) -> list:
+  """The clients' index arrays into the task's train split (`labels`, `domains` from
+  task.load_split) under the configuration's partition, client count and seed: what a run trains
+  on, and what bin/partition shows."""
+  data = partitions.Data(labels=labels, domains=domains, num_classes=task.num_classes,
+                         task=config.task)
+  return partitions.split(config.partition, data, config.num_clients, config.seed,
+                          config.component_hparams('partition'))
+
+
 class Experiment:
   """The pieces of one run, built from a validated Config."""
 
@@ -70,10 +80,7 @@ class Experiment:
     c = self.config
     images, labels, domains = self.task.load_split('train', c.data_dir or None)
     n = len(labels)
-    data = partitions.Data(labels=labels, domains=domains, num_classes=self.task.num_classes,
-                           task=c.task)
-    parts = partitions.split(c.partition, data, c.num_clients, c.seed,
-                             c.component_hparams('partition'))
+    parts = client_partition(c, self.task, labels, domains)
     key = hashlib.sha256(json.dumps({
         'task': c.task, 'partition': c.partition, 'settings': c.component_hparams('partition').to_dict(),
         'seed': c.seed, 'num_clients': c.num_clients, 'n': int(n)},
