@@ -62,6 +62,10 @@ _BATCH_SIZE = flags.DEFINE_integer('batch_size', 256, 'Test batch size (memory o
                                    'the result).')
 _MAX_EXAMPLES = flags.DEFINE_integer(
     'max_examples', 0, 'Use only the first N test examples (0 = all); for quick looks only.')
+_TRUST = flags.DEFINE_bool(
+    'trust_saved_model', False, 'Load SavedModels tff_decorr did not write (no tff_decorr.json '
+    'naming their model, no run config.json) with TensorFlow, which runs the program each file '
+    'holds (docs/security.md); bin/train\'s exports are read as data without it.')
 _PROBE = flags.DEFINE_bool(
     'probe', False, 'Also the nearest-class-mean probe of each --saved_model: class means of its '
     'representations over the task\'s train split (no augmentation), the accuracy of the nearest '
@@ -87,8 +91,10 @@ def default_label(path: str) -> str:
 
 
 def load_models(saved_models: Sequence[str], labels: Optional[Sequence[str]] = None,
-                flag: str = '--saved_model') -> dict[str, tuple[Any, dict]]:
-  """label -> (serving function, metadata); raises FlagError/SavedModelError for bad input."""
+                flag: str = '--saved_model',
+                trust_saved_model: bool = False) -> dict[str, tuple[Any, dict]]:
+  """label -> (serving function, metadata); raises FlagError/SavedModelError for bad input.
+  `trust_saved_model`: export.load_serving's (a foreign SavedModel's program runs)."""
   if labels:
     if len(labels) != len(saved_models):
       raise FlagError(f'--labels has {len(labels)} entries but {flag} has {len(saved_models)}; '
@@ -97,7 +103,8 @@ def load_models(saved_models: Sequence[str], labels: Optional[Sequence[str]] = N
     labels = [default_label(p) for p in saved_models]
   if len(set(labels)) != len(labels):
     raise FlagError(f'--labels: duplicate labels {labels}; pass distinct --labels.')
-  return {label: export.load_serving(path, flag) for label, path in zip(labels, saved_models)}
+  return {label: export.load_serving(path, flag, trust_saved_model)
+          for label, path in zip(labels, saved_models)}
 
 
 def spectrum(fn: Any, dataset: Iterable, max_examples: Optional[int] = None) -> np.ndarray:
@@ -211,9 +218,12 @@ def _main() -> int:
     raise FlagError('--output_dir is required (where the CSV, JSON and PNG files go).')
   if bool(_LOCAL.value) != bool(_GLOBAL.value):
     raise FlagError('--local_saved_model/--global_saved_model must be given together.')
-  models = load_models(_split(_SAVED_MODEL.value), _split(_LABELS.value))
-  local = export.load_serving(_LOCAL.value, '--local_saved_model') if _LOCAL.value else None
-  global_ = export.load_serving(_GLOBAL.value, '--global_saved_model') if _GLOBAL.value else None
+  trust = _TRUST.value
+  models = load_models(_split(_SAVED_MODEL.value), _split(_LABELS.value), trust_saved_model=trust)
+  local = (export.load_serving(_LOCAL.value, '--local_saved_model', trust)
+           if _LOCAL.value else None)
+  global_ = (export.load_serving(_GLOBAL.value, '--global_saved_model', trust)
+             if _GLOBAL.value else None)
   if not models and local is None:
     raise FlagError('--saved_model is required (or the --local_saved_model/'
                     '--global_saved_model pair).')

@@ -37,12 +37,16 @@ flags.DEFINE_string('data_dir', None, 'TFDS data dir.')
 flags.DEFINE_string('output_dir', None, 'Where to write evaluation.json and confusion_matrix.png '
                     '(default: <saved_model>/../evaluation).')
 flags.DEFINE_integer('batch_size', 256, 'Evaluation batch size (>= 1).', lower_bound=1)
+flags.DEFINE_bool('trust_saved_model', False, 'Load a SavedModel tff_decorr did not write (no '
+                  'tff_decorr.json naming its model, no run config.json) with TensorFlow, which '
+                  'runs the program the file holds (docs/security.md); bin/train\'s exports are '
+                  'read as data without it.')
 
 
 
 
 def evaluate_saved_model(saved_model: str, task_name, data_dir, batch_size: int,
-                         output_dir=None) -> dict:
+                         output_dir=None, trust_saved_model: bool = False) -> dict:
   """Evaluates; returns the report dict (also written to output_dir). Raises ValueError on misuse."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -54,7 +58,7 @@ def evaluate_saved_model(saved_model: str, task_name, data_dir, batch_size: int,
   if output_dir is None:
     base = run_root or os.path.dirname(os.path.abspath(saved_model.rstrip(os.sep)))
     output_dir = os.path.join(base, 'evaluation')
-  fn, meta = export.load_serving(saved_model)
+  fn, meta = export.load_serving(saved_model, trust_saved_model=trust_saved_model)
   cli.ensure_writable_dir(output_dir)  # Before any work: fail at once if it cannot be written.
   task_name = task_name or meta.get('task')
   if not task_name:
@@ -130,7 +134,7 @@ def _main() -> int:
     raise ValueError('--saved_model is required (a SavedModel or a run directory).')
   report = evaluate_saved_model(cli.user_path(FLAGS.saved_model), FLAGS.task,
                                 cli.user_path(FLAGS.data_dir), FLAGS.batch_size,
-                                cli.user_path(FLAGS.output_dir))
+                                cli.user_path(FLAGS.output_dir), FLAGS.trust_saved_model)
   print(f'task {report["task"]}: top-1 accuracy {report["test_accuracy"]:.4f} on '
         f'{report["test_examples"]} test examples')
   print('per-class accuracy: ' + ' '.join(f'{i}:{a:.3f}' for i, a in

@@ -330,7 +330,8 @@ class SavedModelTest(absltest.TestCase):
                                self.expected_cov, rtol=1e-5, atol=1e-9)
 
   def test_analyze_writes_outputs(self):
-    models = analyze.load_models([self.run_dir, self.plain_dir])
+    # Foreign SavedModels (the export contract, without tff_decorr's metadata): trusted.
+    models = analyze.load_models([self.run_dir, self.plain_dir], trust_saved_model=True)
     self.assertEqual(list(models), ['run_a', 'model_b'])
     out = os.path.join(self.tmp, 'out')
     written = analyze.analyze(models, self.dataset, out, local=models['model_b'],
@@ -384,7 +385,7 @@ class SavedModelTest(absltest.TestCase):
       analyze.load_models([self.run_dir, self.plain_dir], ['x'])
     with self.assertRaisesRegex(analyze.FlagError, '--labels: duplicate'):
       analyze.load_models([self.run_dir, self.plain_dir], ['x', 'x'])
-    models = analyze.load_models([self.run_dir])
+    models = analyze.load_models([self.run_dir], trust_saved_model=True)
     task = collections.namedtuple('Task', 'name num_classes input_shape')
     analyze.check_against_task([('--saved_model', models['run_a'])],
                                task('tiny', _NUM_CLASSES, _INPUT_SHAPE))

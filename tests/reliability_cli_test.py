@@ -276,7 +276,8 @@ class ReliabilityCliTest(absltest.TestCase):
     from tff_decorr import models  # pylint: disable=g-import-not-at-top
     model_fn = lambda: models.build('small_cnn', num_classes=10, input_shape=(32, 32, 3))
     saved = os.path.join(self.tmp, 'cifar_model')
-    export.export_saved_model(model_fn, model_fn().get_weights(), saved, {'task': 'cifar10'})
+    export.export_saved_model(model_fn, model_fn().get_weights(), saved, {
+        'task': 'cifar10', 'model': 'small_cnn', 'model_kwargs': {}})
     proc = self.train([f'--saved_model={saved}', '--task=cifar10',
                        f'--data_dir={self.tmp}/no_data', f'--output_dir={self.tmp}/an'],
                       check=False, module='bin.analyze')

@@ -124,7 +124,7 @@ class SavedModelScanTest(absltest.TestCase):
     path = export.export_saved_model(testing.tiny_model, weights,
                                      os.path.join(self.tmp, 'export'), {'task': 'test'})
     self.assertEqual(graph_check.unsafe_operations(path), [])
-    export.load_serving(path)
+    export.load_serving(path, trust_saved_model=True)  # Not a registry model: not rebuilt.
     # A checkpoint as the training program writes it holds arrays only, no graph to run.
     run = os.path.join(self.tmp, 'ckpt_run')
     state = {'round': 1, 'server_state': {'weights': weights}, 'best_accuracy': np.float64(0.5),

@@ -104,7 +104,7 @@ class ConfirmTest(absltest.TestCase):
         assert split == 'train'
         return tf.data.Dataset.from_tensor_slices((train_x, train_y)).batch(8)
 
-    got = sdf.probe_runs(runs, Task(), root)
+    got = sdf.probe_runs(runs, Task(), root, trust_saved_model=True)  # Foreign SavedModels.
     means = np.stack([train_x[train_y == c].astype(np.float64).mean(0) for c in range(3)])
     nearest = np.linalg.norm(test_x[:, None] - means[None], axis=2).argmin(1)
     self.assertEqual(got['nearest_class_mean_accuracy'], [np.mean(nearest == test_y)] * 2)

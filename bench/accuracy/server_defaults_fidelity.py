@@ -144,9 +144,10 @@ def run_cell(name: str, extra: Dict[str, Any], configs: Sequence[Any],
           **_common.run_seeds(configs, name, after=tff_context.stop_all)}
 
 
-def probe_runs(run_dirs: Sequence[str], task, data_dir: str) -> Dict[str, Any]:
+def probe_runs(run_dirs: Sequence[str], task, data_dir: str,
+               trust_saved_model: bool = False) -> Dict[str, Any]:
   """bin.analyze's nearest-class-mean probe and effective rank of each run's exported global model
-  (lists, one entry a run; accuracies as fractions)."""
+  (lists, one entry a run; accuracies as fractions); `trust_saved_model`: export.load_serving's."""
   from tff_decorr.collapse import analysis  # pylint: disable=g-import-not-at-top
   from tff_decorr.run_files import export  # pylint: disable=g-import-not-at-top
   test = task.test_dataset(data_dir)
@@ -154,7 +155,7 @@ def probe_runs(run_dirs: Sequence[str], task, data_dir: str) -> Dict[str, Any]:
   out = {k: [] for k in ('nearest_class_mean_accuracy', 'head_accuracy', 'effective_rank',
                          'largest_predicted_class_share')}
   for run_dir in run_dirs:
-    fn, _ = export.load_serving(run_dir)
+    fn, _ = export.load_serving(run_dir, trust_saved_model=trust_saved_model)
     probe = analysis.nearest_class_mean_probe(fn, train, test, task.num_classes)
     sv = analysis.singular_values(analysis.representation_covariance(fn, test))
     for key in out:

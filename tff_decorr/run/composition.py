@@ -45,16 +45,10 @@ class Experiment:
     self.task = task_registry.get(c.task)
     self.model_name = c.model or self.task.default_model
     self.log = log
-    model_kwargs = dict(num_classes=self.task.num_classes, input_shape=self.task.input_shape)
-    if c.projection_dim:
-      model_kwargs['projection_dim'] = c.projection_dim
-    if c.decomposed:
-      model_kwargs['decomposed'] = True
-      if c.num_atoms:
-        model_kwargs['num_atoms'] = c.num_atoms
-    if c.init:
-      model_kwargs['init'] = c.init
-    self._model_kwargs = model_kwargs
+    # The architecture beyond the task's shapes; exports record it, to be read back as data.
+    self._architecture = export.model_kwargs(c.projection_dim, c.decomposed, c.num_atoms, c.init)
+    self._model_kwargs = dict(num_classes=self.task.num_classes,
+                              input_shape=self.task.input_shape, **self._architecture)
     self.regularizer = regularizers.get(c.regularizer, c.component_hparams('regularizer'))
     # Local epochs live in the client dataset (tasks.client_data): each epoch's order is a stateless
     # function of (seed, epoch), identical in both runtimes, so the update loop makes one pass.
@@ -208,6 +202,7 @@ class Experiment:
     return export.export_saved_model(self.model_fn, weights, path, {
         'task': self.config.task, 'model': self.model_name,
         'algorithm': self.config.algorithm, 'regularizer': self.config.regularizer,
-        'precision': self.config.precision, **(extra_metadata or {})})
+        'precision': self.config.precision, 'model_kwargs': self._architecture,
+        **(extra_metadata or {})})
 
 

@@ -286,16 +286,16 @@ def _checkpoint_structure(initial_server_state) -> dict:
 
 def _read_checkpoint(output_dir: str, version: int) -> None:
   """Reads checkpoint `version` in full, without the program's state structure; any damaged file
-  fails here. A SavedModel checkpoint (written before checkpoint_files) must first pass
-  graph_check: its call returns the saved values."""
+  fails here. A SavedModel checkpoint (written before checkpoint_files) is read as data too (its
+  variables, with the checkpoint reader), after graph_check, whose refusal names what a file
+  tff_decorr did not write holds."""
   manager = checkpoint_manager(output_dir)
   if not manager.is_saved_model(version):
     manager.read_leaves(version)
     return
   path = os.path.join(output_dir, 'checkpoints', f'round_{version}')
-  graph_check.check(path, f'the checkpoint {path}')  # Before anything in it runs.
-  module = tf.saved_model.load(path)
-  tf.nest.map_structure(lambda v: v.numpy() if hasattr(v, 'numpy') else v, module())
+  graph_check.check(path, f'the checkpoint {path}')  # Reads the graph's proto; runs nothing.
+  manager.read_saved_model_leaves(version)
 
 
 def _recovery_advice(output_dir: str) -> str:

@@ -10,10 +10,13 @@ flattening order, written as TFF writes (into `round_<n>_temp<pid>`, renamed whe
 synced to disk before the rename, so a kill or a power cut leaves the previous version or the new
 one.
 
-Reading runs nothing: `np.load(allow_pickle=False)` reads arrays only (a SavedModel's graph had
-to pass graph_check before it could be loaded), and the zip's CRC-32 of each array turns damaged
-bytes into an error instead of wrong weights. Checkpoints written as SavedModels (tff_decorr
-before this module) are still read, by TFF's own reader, so an older run resumes.
+Reading runs nothing: `np.load(allow_pickle=False)` reads arrays only, and the zip's CRC-32 of
+each array turns damaged bytes into an error instead of wrong weights. Checkpoints written as
+SavedModels (tff_decorr before this module) are still read, so an older run resumes, and as data
+too: not by TFF's reader, which loads the SavedModel and so runs its program (a TF1-style one's
+restore op included, docs/security.md), but with the checkpoint reader, which parses the tensors of
+its variables/ and runs no graph; each value is found by its place in the state, which TFF's writer
+keeps as the variable's path in the checkpoint's object graph.
 """
 
 from __future__ import annotations
@@ -23,12 +26,18 @@ import shutil
 from typing import Any, Sequence
 
 import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 import tensorflow_federated as tff
 # TFF's flattening of a program state, so that every structure its manager accepts is accepted.
 from tensorflow_federated.python.program import structure_utils
 
 FILE_NAME = 'state.npz'
 SAVED_MODEL_FILE = 'saved_model.pb'  # a version written by TFF's own format
+# Where TFF's writer (file_utils.write_saved_model) keeps the state: the attribute of its module
+# that holds it, and the key of the object graph in a TF2 checkpoint.
+_TFF_STATE_ATTRIBUTE = '_value'
+_OBJECT_GRAPH_KEY = '_CHECKPOINTABLE_OBJECT_GRAPH'
 
 
 class IncompleteCheckpointError(ValueError):
@@ -102,12 +111,57 @@ class ArrayFileProgramStateManager(tff.program.FileProgramStateManager):
       values = [z[names[str(i)]] for i in range(len(z.files))]
       return [v.tobytes() if names[str(i)].endswith('b') else v for i, v in enumerate(values)]
 
+  def _saved_model_reader(self, version: int):
+    """The checkpoint reader of version `version`'s variables/ (TFF's SavedModel format) and its
+    object graph's variables by path ('server_state/weights/0' -> checkpoint key)."""
+    prefix = os.path.join(self._get_path_for_version(version), 'variables', 'variables')
+    if not os.path.exists(f'{prefix}.index'):
+      raise IncompleteCheckpointError(f'{prefix}.index is missing')
+    reader = tf.train.load_checkpoint(prefix)  # Parses the tensors' files; runs no graph.
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH_KEY))
+    keys, todo = {}, [(c.node_id, c.local_name) for c in graph.nodes[0].children
+                      if c.local_name == _TFF_STATE_ATTRIBUTE]
+    while todo:
+      node_id, path = todo.pop()
+      node = graph.nodes[node_id]
+      for attribute in node.attributes:
+        if attribute.name == 'VARIABLE_VALUE':
+          keys[path[len(_TFF_STATE_ATTRIBUTE) + 1:]] = attribute.checkpoint_key
+      todo.extend((c.node_id, f'{path}/{c.local_name}') for c in node.children)
+    if not keys:
+      raise IncompleteCheckpointError(f'{prefix} holds no program state of TFF\'s format')
+    return reader, keys
+
+  def read_saved_model_leaves(self, version: int, structure: Any = None) -> list[Any]:
+    """The values of version `version`, written in TFF's SavedModel format, read as data: those
+    of `structure`'s leaves in flattening order (bytes where TFF stored strings), or, without a
+    structure, every variable (to check that all can be read). IncompleteCheckpointError when
+    a leaf has no variable in the checkpoint."""
+    reader, keys = self._saved_model_reader(version)
+    if structure is None:
+      return [reader.get_tensor(keys[path]) for path in sorted(keys)]
+    out = []
+    for path, expected in structure_utils.flatten_with_name(structure):
+      if path not in keys:
+        if expected is None:  # TFF stores no variable for a None leaf.
+          out.append(None)
+          continue
+        raise IncompleteCheckpointError(f'{self._get_path_for_version(version)} has no value '
+                                        f'{path} of this run\'s state')
+      value = reader.get_tensor(keys[path])
+      # A string comes back as a 0-d object array of bytes: the bytes, as TFF's reader gives.
+      out.append(value.item() if isinstance(value, np.ndarray) and value.dtype == object and
+                 value.ndim == 0 else value)
+    return out
+
   async def load(self, version: int, structure: Any) -> Any:
     if not os.path.isdir(self._get_path_for_version(version)):
       raise tff.program.ProgramStateNotFoundError(version)
     if self.is_saved_model(version):
-      return await super().load(version, structure)
-    leaves = self.read_leaves(version)
+      leaves = self.read_saved_model_leaves(version, structure)
+    else:
+      leaves = self.read_leaves(version)
     expected: Sequence[Any] = structure_utils.flatten(structure)
     kind = lambda v: 'bytes' if isinstance(v, (bytes, np.bytes_)) else np.shape(v)
     shapes = [kind(v) for v in expected]

@@ -1,5 +1,9 @@
 """Refusing a SavedModel that names an operation tff_decorr's own files never use, before loading.
 
+tff_decorr reads its own exports as data and runs no graph from a file (run_files/export.py); this
+scan guards the one path that does run one, a foreign SavedModel loaded with --trust_saved_model,
+as defence in depth: it names what a graph holds, and cannot prove what running it will do.
+
 A SavedModel is a TensorFlow program: `tf.saved_model.load` runs its restore graph and its
 resources' initialisers, and calling it runs its functions. Operations may read and write any file
 the user can, call back into Python or open connections, and no list of what is dangerous is
@@ -13,18 +17,19 @@ tff_decorr.run_files.graph_check` exports every model of the registry (`tff_deco
 in every precision (`models.PRECISIONS`), plain and with the variants that change the graph
 (decomposed convolutions, MOON's projection head); the FedBN/personalised per-client exports are the
 same export of other weights. It also saves each model as a Keras object (what tests and users save
-with `tf.saved_model.save(model)` and bin/evaluate reads) and a checkpoint in TFF's SavedModel
-format (what tff_decorr wrote before checkpoint_files). It prints the union, which is the list
-below; `--check` fails when an export names an operation the list lacks (8 minutes on two busy
-cores; tests/graph_check_test.py checks every model in both precisions, faster). Regenerate it
-after a TensorFlow upgrade.
+with `tf.saved_model.save(model)`, which bin/evaluate reads under --trust_saved_model) and a
+checkpoint in TFF's SavedModel format (what tff_decorr wrote before checkpoint_files). It prints
+the union, which is the list below; `--check` fails when an export names an operation the list
+lacks (8 minutes on two busy cores; tests/graph_check_test.py checks every model in both
+precisions, faster). Regenerate it after a TensorFlow upgrade.
 
 The checkpoint operations (SaveV2, RestoreV2, MergeV2Checkpoints) read and write files; every
 SavedModel has them, in the functions its saver runs to save and restore variables. They are
 allowed there only: one in a function that loading or calling the model runs (an object's function,
-a signature, a resource's initialiser) is refused too. This is a check of the operations a graph
-names, not a sandbox (docs/security.md): the restore function reads checkpoint-format files at the
-path its inputs give.
+a signature, a resource's initialiser) is refused too, and so is a write (SaveV2,
+MergeV2Checkpoints) in the restore, which the loader runs while it loads a TF1-style SavedModel.
+This is a check of the operations a graph names, not a sandbox (docs/security.md): the restore
+function reads checkpoint-format files at the path its inputs give.
 """
 
 from __future__ import annotations
@@ -119,6 +124,9 @@ def _meta_graph_refusals(meta_graph, found: dict) -> None:
     if node.name not in saver_nodes:
       program_roots |= _called_functions(node)
   program = _reachable(program_roots, functions)
+  # The restore is run by the loader itself (a TF1-style SavedModel's restore op, while it loads):
+  # it reads files, and writes none.
+  restore = _reachable(_graph_calls(graph, saver.restore_op_name.split(':')[0]), functions)
   for node in graph.node:
     if node.op not in ALLOWED_OPS or node.op in CHECKPOINT_OPS:
       found.setdefault(node.op, DESCRIBED.get(node.op, 'not used by tff_decorr'))
@@ -128,6 +136,23 @@ def _meta_graph_refusals(meta_graph, found: dict) -> None:
         found.setdefault(node.op, DESCRIBED.get(node.op, 'not used by tff_decorr'))
       elif node.op in CHECKPOINT_OPS and name in program:
         found.setdefault(node.op, f'{CHECKPOINT_OPS[node.op]} outside the saver')
+      elif node.op in CHECKPOINT_OPS and node.op != 'RestoreV2' and name in restore:
+        found.setdefault(node.op, f'{CHECKPOINT_OPS[node.op]} in the restore loading runs')
+
+
+def _graph_calls(graph, node_name: str) -> set:
+  """The functions that running graph node `node_name` calls: its own and those of every node it
+  depends on (data and control inputs)."""
+  nodes = {node.name: node for node in graph.node}
+  seen, todo, calls = set(), [node_name], set()
+  while todo:
+    name = todo.pop().lstrip('^').split(':')[0]
+    if name in seen or name not in nodes:
+      continue
+    seen.add(name)
+    calls |= _called_functions(nodes[name])
+    todo.extend(nodes[name].input)
+  return calls
 
 
 def _read(path: str):
@@ -212,7 +237,10 @@ def export_operations(directory: str, model_name: str, precision_name: str, vari
   if keras_object:
     tf.saved_model.save(model, path)
   else:
-    export.export_saved_model(model_fn, [v.numpy() for v in model.weights], path, {})
+    export.export_saved_model(model_fn, [v.numpy() for v in model.weights], path, {
+        'model': model_name, 'precision': precision_name,
+        'model_kwargs': {k: v for k, v in kwargs.items() if k not in ('num_classes',
+                                                                      'input_shape')}})
   return operations(path)
 
 
