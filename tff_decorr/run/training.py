@@ -75,6 +75,19 @@ def _has_checkpoint(output_dir: str, overwrite: bool, log) -> bool:
   return False
 
 
+def _finished_summary(config: config_lib.Config) -> Optional[dict]:
+  """The summary.json of a run that already finished `config.rounds` rounds (its newest checkpoint
+  is that round's and its summary says so), else None."""
+  try:
+    with open(os.path.join(config.output_dir, 'summary.json')) as f:
+      summary = json.load(f)
+  except (OSError, ValueError):
+    return None
+  if not isinstance(summary, dict) or summary.get('final_round') != config.rounds:
+    return None
+  return summary if _checkpoint_round(config.output_dir) == config.rounds else None
+
+
 def _checkpoint_round(output_dir: str) -> int:
   """The round a resumed run continues after (its newest checkpoint's; read in full before)."""
   versions = asyncio.run(round_loop.checkpoint_manager(output_dir).get_versions()) or []
@@ -123,7 +136,8 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
 
   The run directory gets config.json, metrics.csv, TensorBoard logs, checkpoints, the exported
   model and summary.json (README, "What a run writes"). Re-running with the same configuration
-  resumes after the last completed round.
+  resumes after the last completed round;
+  re-running a finished run returns its summary.json's contents, and trains and exports nothing.
   Exit codes and messages of the errors below are mapped by `tff_decorr.configs.cli.run_guarded`.
 
   Args:
@@ -164,6 +178,15 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
   # corrected command.
   resumed = run_dir.prepare(config.output_dir, config.to_dict(), overwrite=overwrite, log=log,
                             migrate=config_lib.migrate_dict)
+  finished = _finished_summary(config) if resumed else None
+  if finished is not None:  # Nothing to train, evaluate or export: said, and the results named.
+    run_dir.unlock(config.output_dir)
+    log(f'{config.output_dir} is already complete: it finished its {config.rounds} rounds '
+        f'(final test accuracy {finished["final_test_accuracy"]:.4f}); nothing was trained or '
+        f'exported again. Its results: {os.path.join(config.output_dir, "summary.json")}, '
+        f'metrics.csv, export/saved_model (its report: bin/report --run_dir={config.output_dir}). '
+        'To train on, give a larger --rounds.')
+    return finished
   try:
     exp = composition.Experiment(config, log=log)
     if config.precision != 'float32':
@@ -201,9 +224,11 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
   evaluator = exp.evaluator()
   test_ds = exp.test_dataset()
   initial_weights = exp.algorithm.initial_weights()
-  store = client_state.ClientStateStore(
-      os.path.join(config.output_dir, 'client_states'),
-      initial_fn=lambda: exp.algorithm.initial_client_state(initial_weights))
+  initial_client_state = lambda: exp.algorithm.initial_client_state(initial_weights)
+  # Only an algorithm with per-client state writes client_states/ (FedBN, SCAFFOLD, MOON, ...).
+  store = (client_state.ClientStateStore(os.path.join(config.output_dir, 'client_states'),
+                                         initial_fn=initial_client_state)
+           if exp.algorithm.stateful else client_state.NoClientStates(initial_client_state))
 
   alg = exp.algorithm
   client_sets = (personalized.client_test_datasets(exp.task, config.data_dir or None)

@@ -1,4 +1,5 @@
-"""Per-client state store on disk (FedBN's BN variables, SCAFFOLD's c_i, MOON's previous model).
+"""Per-client state store on disk (FedBN's BN variables, SCAFFOLD's c_i, MOON's previous model;
+nothing for an algorithm without per-client state: NoClientStates).
 
 One `.npz` file per client and version: `<dir>/<quoted client id>/r<round>.npz`, written atomically
 (temporary file in the same directory, fsync, `os.replace`), so a crash never leaves a half-written
@@ -147,3 +148,48 @@ class ClientStateStore:
       raise ValueError(f'{len(client_ids)} client ids but {len(states)} states.')
     for c, s in zip(client_ids, states):
       self.save(c, s, round_num)
+
+
+class NoClientStates:
+  """The store of an algorithm without per-client state (its capability `stateful` is False:
+  FedAvg, FedProx, ...): every client's state is the algorithm's initial one whatever a round
+  returns, so nothing is written (no client_states/, no checkpoints/client_states_<r>.json) and a
+  resumed run reads nothing; the files a run of an earlier release wrote are ignored. The
+  interface of ClientStateStore, as the round loop uses it."""
+
+  def __init__(self, initial_fn: Callable[[], Any]):
+    if not callable(initial_fn):
+      raise ValueError('initial_fn must be a callable returning the initial client state.')
+    self._initial_fn = initial_fn
+
+  def __contains__(self, client_id: str) -> bool:
+    return False
+
+  def __len__(self) -> int:
+    return 0
+
+  def load(self, client_id: str) -> Any:
+    del client_id
+    return self._initial_fn()
+
+  def load_many(self, client_ids) -> list:
+    return [self._initial_fn() for _ in client_ids]
+
+  def save(self, client_id: str, state: Any, round_num: int) -> None:
+    del client_id, state, round_num
+
+  def save_many(self, client_ids, states, round_num: int) -> None:
+    if len(client_ids) != len(states):
+      raise ValueError(f'{len(client_ids)} client ids but {len(states)} states.')
+
+  def manifest(self) -> dict:
+    return {'version': MANIFEST_VERSION, 'clients': {}}
+
+  def save_manifest(self, path: str, prune: bool = True,
+                    keep: Optional[Dict[str, int]] = None) -> None:
+    del path, prune, keep
+
+  read_manifest = staticmethod(ClientStateStore.read_manifest)
+
+  def load_manifest(self, path: str) -> None:
+    del path

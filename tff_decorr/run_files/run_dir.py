@@ -5,7 +5,8 @@ Layout of a run directory:
   config.json          the resolved configuration (flags + task defaults), written once every
                        check has passed, just before round 1
   checkpoints/         program state, one version per round (checkpoint_files: round_N/state.npz)
-  client_states/       per-client state (FedBN BN, SCAFFOLD c_i, MOON previous model)
+  client_states/       per-client state (FedBN BN, SCAFFOLD c_i, MOON previous model): stateful
+                       algorithms only
   metrics.csv          one row per round (tff.program.CSVFileReleaseManager)
   tensorboard/         the same metrics for TensorBoard
   export/saved_model   the global model with a serving signature (logits + representation)
