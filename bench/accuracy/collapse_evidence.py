@@ -54,7 +54,7 @@ def main(argv):
     out = os.path.join(FLAGS.output_dir, f'a{alpha}-{reg}')
     _run('bin.train', '--task=cifar10', f'--data_dir={data_dir}', f'--model={FLAGS.model}',
          '--runtime=tf', f'--rounds={FLAGS.rounds}', f'--local_epochs={FLAGS.local_epochs}',
-         f'--alpha={alpha}', f'--regularizer={reg}', f'--beta={FLAGS.beta}',
+         f'--dirichlet_alpha={alpha}', f'--regularizer={reg}', f'--feddecorr_beta={FLAGS.beta}',
          f'--seed={FLAGS.seed}', f'--eval_every={FLAGS.rounds}', '--save_local_models=0',
          f'--save_local_rounds={FLAGS.rounds}', f'--output_dir={out}',
          f'--cache_dir={os.path.join(FLAGS.output_dir, "cache")}')
