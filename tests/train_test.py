@@ -103,6 +103,23 @@ class TrainTest(absltest.TestCase):
     self.assertIn('train_regularizer', rows[0])
     self.assertIn('round 3/3', self.ref.stdout)
     self.assertIn('ETA', self.ref.stdout)
+    # FedAvg keeps no state on its clients: no client_states/, no client-state manifests.
+    self.assertFalse(os.path.exists(os.path.join(self.ref_dir, 'client_states')))
+    self.assertEqual([n for n in os.listdir(os.path.join(self.ref_dir, 'checkpoints'))
+                      if n.startswith('client_states')], [])
+
+  def test_finished_run_rerun_says_complete_and_writes_nothing(self):
+    files = ('summary.json', 'metrics.csv', 'config.json', 'export/saved_model/saved_model.pb')
+    before = {f: os.stat(os.path.join(self.ref_dir, f)).st_mtime_ns for f in files}
+    with open(os.path.join(self.ref_dir, 'summary.json')) as f:
+      summary = json.load(f)
+    again = self.train(['--runtime=tf', '--rounds=3', f'--output_dir={self.ref_dir}'])
+    self.assertIn(f'{self.ref_dir} is already complete: it finished its 3 rounds', again.stdout)
+    self.assertIn(os.path.join(self.ref_dir, 'summary.json'), again.stdout)
+    self.assertNotIn('Resuming', again.stdout)
+    self.assertIn(f'final {summary["final_test_accuracy"]:.4f} (round 3)', again.stdout)
+    self.assertEqual({f: os.stat(os.path.join(self.ref_dir, f)).st_mtime_ns for f in files},
+                     before)  # Nothing exported or written again.
 
   def test_killed_run_resumes_to_the_same_result(self):
     out = os.path.join(self.tmp, 'killed')
@@ -119,6 +136,7 @@ class TrainTest(absltest.TestCase):
     resumed = self.train(['--runtime=tf', '--rounds=3', f'--output_dir={out}'])
     self.assertIn('Resuming', resumed.stdout)
     self.assertNotIn('round 1/3', resumed.stdout)
+    self.assertFalse(os.path.exists(os.path.join(out, 'client_states')))  # FedAvg: none to read.
     np.testing.assert_allclose(_final_outputs(out), _final_outputs(self.ref_dir), rtol=1e-5,
                                atol=1e-5)
 
