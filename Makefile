@@ -82,7 +82,10 @@ train: setup
 # `make test` checks them: tests/wheel_test.py builds both from a copy of the checkout, installs the
 # wheel into a scratch venv (the lock from this venv, --no-deps) and, from outside the checkout,
 # imports it and trains one round with its console script.
+# build/ goes first: setuptools copies into it and never deletes, so a module removed since the
+# last build would still be packaged.
 wheel: venv
+	rm -rf build
 	$(PY) -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w dist .
 	$(PY) -c 'from setuptools import build_meta as b; print("dist/" + b.build_sdist("dist"))'
 
