@@ -158,8 +158,11 @@ def analyze(models: Mapping[str, tuple[Any, dict]], dataset: Iterable, output_di
           fn, probe[0], dataset, probe[1], max_examples)
   if spectra:
     written['spectra_csv'] = _write_spectra_csv(os.path.join(output_dir, 'spectra.csv'), spectra)
-    written['spectra_png'] = plots.plot_spectra(spectra, os.path.join(output_dir, 'spectra.png'),
-                                                top=top)
+    # As bin/report draws spectra: each relative to its largest value, cut at plots.RELATIVE_FLOOR
+    # (the raw values of a float32 covariance run down to 1e-60 and hide the shape that matters).
+    written['spectra_png'] = plots.plot_spectra_panels(
+        {'': [{'label': label, 'sv': sv} for label, sv in spectra.items()]},
+        os.path.join(output_dir, 'spectra.png'), top=top)
 
   if local is not None:
     sv_local = spectrum(local[0], dataset, max_examples)
