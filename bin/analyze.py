@@ -1,22 +1,26 @@
 r"""Dimensional-collapse analysis of exported models: spectra CSV, JSON summary and figures.
 
-  .venv/bin/python -m bin.analyze --task=cifar10 --data_dir=../shared/data/tfds \
-    --saved_model=runs/fedavg,runs/feddecorr --output_dir=analysis/cifar10
+  python -m bin.analyze --saved_model=runs/fedavg,runs/feddecorr --output_dir=analysis/cifar10
 
-  # local (one client's model) vs global model, with the gap R:
-  .venv/bin/python -m bin.analyze --task=cifar10 --data_dir=../shared/data/tfds \
-    --local_saved_model=runs/x/client0 --global_saved_model=runs/x --output_dir=analysis/lg
+  # local (one client's model) vs global model of the same round, with the gap R; the run was
+  # trained with --save_local_models=0 --save_local_rounds=30 --export_every=10:
+  python -m bin.analyze --local_saved_model=runs/x/local_models/round_30/client_0 \
+    --global_saved_model=runs/x/export/round_30 --output_dir=analysis/lg
 
   # add the nearest-class-mean probe (is a low accuracy the representation's or the head's?):
-  .venv/bin/python -m bin.analyze --task=cifar10 --data_dir=../shared/data/tfds \
-    --saved_model=runs/fedavg,runs/feddecorr --output_dir=analysis/cifar10 --probe
+  python -m bin.analyze --saved_model=runs/fedavg,runs/feddecorr --output_dir=analysis/cifar10 \
+    --probe
 
 Each --saved_model is a SavedModel directory or a run directory holding `export/saved_model`
-(contract in tff_decorr/run_files/export.py). The covariance of its representations over the task's
-test split
-is accumulated batch by batch (tff_decorr/collapse/analysis.py); quantities are defined in docs/analysis.md.
-Writes <output_dir>/spectra.csv (one column per run), summary.json, spectra.png and, for the
-local/global pair, local_global.csv and local_vs_global.png. Bad input exits with code 2 and a
+(contract in tff_decorr/run_files/export.py). A run writes its local models (--save_local_models,
+--save_local_rounds) to <run>/local_models/round_<r>/client_<id>, its global model of round r
+(--export_every) to <run>/export/round_<r>, and its final one to <run>/export/saved_model. The task
+and its data directory are those of the runs the models belong to (their config.json) unless
+--task or --data_dir is given. The covariance of its representations over the task's test split
+is accumulated batch by batch (tff_decorr/collapse/analysis.py); quantities are defined in
+docs/analysis.md. Writes <output_dir>/spectra.csv (one column per run), summary.json, spectra.png
+(each spectrum relative to its largest value, cut at the floor bin/report's figures use) and, for
+the local/global pair, local_global.csv and local_vs_global.png. Bad input exits with code 2 and a
 one-line error naming the flag.
 """
 
@@ -39,6 +43,7 @@ from tff_decorr import collapse
 from tff_decorr import lazy
 from tff_decorr import tf_env
 from tff_decorr.configs import cli
+from tff_decorr.run_files import run_dir
 
 analysis = lazy.lazy_module('tff_decorr.collapse.analysis')
 export = lazy.lazy_module('tff_decorr.run_files.export')
@@ -48,14 +53,21 @@ _SAVED_MODEL = flags.DEFINE_string(
     'saved_model', None, 'Comma-separated SavedModel dirs, or run dirs containing export/saved_model.')
 _LABELS = flags.DEFINE_string(
     'labels', None, 'Comma-separated labels, one per --saved_model (default: the run dir names).')
-_TASK = flags.DEFINE_string('task', None, 'Task name from tasks.registry (gives the test split).')
-_DATA_DIR = flags.DEFINE_string('data_dir', None, 'TFDS data directory of the task.')
+_TASK = flags.DEFINE_string('task', None, 'Task name from tasks.registry (gives the test split; '
+                            'default: the task of the runs the models belong to, from their '
+                            'config.json).')
+_DATA_DIR = flags.DEFINE_string('data_dir', None, 'TFDS data directory of the task (default: the '
+                                'runs\' --data_dir, from their config.json).')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where the CSV, JSON and PNG files go.')
 _LOG10_TAU = flags.DEFINE_float(
     'log10_tau', collapse.DEFAULT_LOG10_TAU, 'Significance threshold log10(tau) for num_significant.')
 _TOP = flags.DEFINE_integer('top', collapse.DEFAULT_TOP, 'How many singular values to plot/list.')
-_LOCAL = flags.DEFINE_string('local_saved_model', None, 'Local model of the local-vs-global plot.')
-_GLOBAL = flags.DEFINE_string('global_saved_model', None, 'Global model of the local-vs-global plot.')
+_LOCAL = flags.DEFINE_string(
+    'local_saved_model', None, 'Local model of the local-vs-global plot: '
+    '<run>/local_models/round_<r>/client_<id> (bin/train --save_local_models, --save_local_rounds).')
+_GLOBAL = flags.DEFINE_string(
+    'global_saved_model', None, 'Global model of the local-vs-global plot: <run>/export/round_<r> '
+    '(bin/train --export_every), or <run> for its final model.')
 _GAP_K = flags.DEFINE_integer(
     'gap_k', collapse.DEFAULT_TOP, 'K of the gap R (top K values; capped at the dimension).')
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 256, 'Test batch size (memory only; no effect on '
@@ -200,6 +212,31 @@ def check_against_task(entries: Sequence[tuple[str, tuple[Any, dict]]], task: An
     export.check_compatible(fn, meta, task.num_classes, task.input_shape, task.name, flag)
 
 
+def task_and_data_dir(paths: Sequence[str], task: Optional[str],
+                      data_dir: Optional[str]) -> tuple[str, Optional[str]]:
+  """The task and TFDS data directory to analyse `paths` (models or run directories) on: an
+  explicit --task / --data_dir, else those of the runs the models belong to (their config.json,
+  run_dir.find_run). Raises FlagError when neither says, or the runs disagree."""
+  configs = [c for c in (run_dir.find_run(p)[1] for p in paths) if c]
+  if not task:
+    tasks = sorted({c['task'] for c in configs})
+    if len(tasks) > 1:
+      raise FlagError(f'--task: the models come from runs of different tasks '
+                      f'({", ".join(tasks)}); name the task whose test split to use, e.g. '
+                      f'--task={tasks[0]}.')
+    if not tasks:
+      raise FlagError('--task is required: the models are not inside a run directory with a '
+                      'config.json (a name from tasks.registry, e.g. --task=cifar10).')
+    task = tasks[0]
+  if data_dir is None:
+    dirs = sorted({c.get('data_dir') or '' for c in configs if c['task'] == task})
+    if len(dirs) > 1:
+      raise FlagError(f'--data_dir: the runs read {task} from different data directories '
+                      f'({", ".join(d or "(default)" for d in dirs)}); give --data_dir.')
+    data_dir = dirs[0] if dirs and dirs[0] else None
+  return task, data_dir
+
+
 def _get_task(name: Optional[str]):
   if not name:
     raise FlagError('--task is required (a name from tasks.registry, e.g. --task=cifar10).')
@@ -234,20 +271,23 @@ def _main() -> int:
     raise FlagError(f'--batch_size must be positive; got {_BATCH_SIZE.value}.')
   if _MAX_EXAMPLES.value < 0:
     raise FlagError(f'--max_examples must be >= 0 (0 = all); got {_MAX_EXAMPLES.value}.')
-  task = _get_task(_TASK.value)
+  task_name, data_dir = task_and_data_dir(
+      [*_split(_SAVED_MODEL.value), *filter(None, (_LOCAL.value, _GLOBAL.value))], _TASK.value,
+      _DATA_DIR.value)
+  task = _get_task(task_name)
   cli.ensure_writable_dir(_OUTPUT_DIR.value)
   check_against_task(
       [('--saved_model', m) for m in models.values()] +
       [(f, m) for f, m in (('--local_saved_model', local), ('--global_saved_model', global_)) if m],
       task)
-  dataset = task.test_dataset(_DATA_DIR.value, _BATCH_SIZE.value)
-  probe = ((task.split_dataset('train', _DATA_DIR.value, _BATCH_SIZE.value), task.num_classes)
+  dataset = task.test_dataset(data_dir, _BATCH_SIZE.value)
+  probe = ((task.split_dataset('train', data_dir, _BATCH_SIZE.value), task.num_classes)
            if _PROBE.value else None)
   written = analyze(
       models, dataset, _OUTPUT_DIR.value, local=local, global_=global_,
       log10_tau=_LOG10_TAU.value, top=_TOP.value, gap_k=_GAP_K.value,
       max_examples=_MAX_EXAMPLES.value or None,
-      settings={'task': task.name, 'data_dir': _DATA_DIR.value,
+      settings={'task': task.name, 'data_dir': data_dir,
                 'saved_model': _split(_SAVED_MODEL.value),
                 'local_saved_model': _LOCAL.value, 'global_saved_model': _GLOBAL.value},
       probe=probe)

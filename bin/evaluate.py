@@ -1,14 +1,17 @@
 r"""Evaluates an exported global model on a task's test split.
 
-  bazel run //bin:evaluate -- --saved_model=runs/<run>/export/saved_model --task=digits
-  .venv/bin/python -m bin.evaluate --saved_model=runs/<run> --task=cifar10 --data_dir=/data/tfds
+  python -m bin.evaluate --saved_model=runs/<run>          # the run's task and --data_dir
+  python -m bin.evaluate --saved_model=runs/<run>/export/saved_model --data_dir=/data/tfds
 
 Prints top-1 accuracy and per-class accuracy, writes a confusion-matrix PNG and a JSON report. Given
-the run directory of a personalised algorithm (FedBN; fedavg_decomposed with --coefficient_period=0),
-also reports each client's own model (exported by bin/train under export/clients/<id>/) on that
-client's test data, as the FedBN paper does, and their mean weighted by test examples. One client's
-model: --saved_model=<run>/export/clients/<id>/saved_model (bin/analyze takes the same path).
-A SavedModel whose input or output size does not match the task is refused.
+the run directory of a personalised algorithm (FedBN; fedavg_decomposed with
+--fedavg_decomposed_coefficient_period=0), also reports each client's own model (exported by
+bin/train under export/clients/<id>/) on that client's test data, as the FedBN paper does, and
+their mean weighted by test examples. One client's model:
+--saved_model=<run>/export/clients/<id>/saved_model (bin/analyze takes the same path). A SavedModel
+whose input or output size does not match the task is refused. The task and the data directory are
+the run's (its config.json, when --saved_model is a run directory or a model inside one) unless
+--task or --data_dir is given.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from absl import flags
 from tff_decorr import lazy
 from tff_decorr import tf_env
 from tff_decorr.configs import cli
+from tff_decorr.run_files import run_dir
 
 personalized = lazy.lazy_module('tff_decorr.run.personalized')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
@@ -32,8 +36,9 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 FLAGS = flags.FLAGS
 flags.DEFINE_string('saved_model', None, 'A SavedModel directory, or a run directory of bin/train.')
 flags.DEFINE_string('task', None, 'Task whose test split to use (default: the task the model was '
-                    'trained on, from its metadata).')
-flags.DEFINE_string('data_dir', None, 'TFDS data dir.')
+                    'trained on: its run\'s config.json, else the SavedModel\'s metadata).')
+flags.DEFINE_string('data_dir', None, 'TFDS data dir (default: its run\'s --data_dir, from the '
+                    'run\'s config.json).')
 flags.DEFINE_string('output_dir', None, 'Where to write evaluation.json and confusion_matrix.png '
                     '(default: <saved_model>/../evaluation).')
 flags.DEFINE_integer('batch_size', 256, 'Evaluation batch size (>= 1).', lower_bound=1)
@@ -60,7 +65,10 @@ def evaluate_saved_model(saved_model: str, task_name, data_dir, batch_size: int,
     output_dir = os.path.join(base, 'evaluation')
   fn, meta = export.load_serving(saved_model, trust_saved_model=trust_saved_model)
   cli.ensure_writable_dir(output_dir)  # Before any work: fail at once if it cannot be written.
-  task_name = task_name or meta.get('task')
+  # An explicit flag > the run's config.json > (the task only) the SavedModel's metadata.
+  _, run_config = run_dir.find_run(saved_model)
+  task_name = task_name or run_config.get('task') or meta.get('task')
+  data_dir = data_dir or run_config.get('data_dir') or None
   if not task_name:
     raise ValueError('--task: the SavedModel has no task metadata; name the task it was trained on.')
   if task_name not in task_registry.names():
@@ -75,8 +83,8 @@ def evaluate_saved_model(saved_model: str, task_name, data_dir, batch_size: int,
   conf = _confusion(fn, test_set, task.num_classes)
   n = int(conf.sum())
   per_class = (np.diag(conf) / np.maximum(conf.sum(1), 1)).tolist()
-  report = {'saved_model': saved_model, 'task': task_name, 'test_examples': n,
-            'test_accuracy': float(np.trace(conf) / max(n, 1)),
+  report = {'saved_model': saved_model, 'task': task_name, 'data_dir': data_dir,
+            'test_examples': n, 'test_accuracy': float(np.trace(conf) / max(n, 1)),
             'per_class_accuracy': per_class, 'confusion_matrix': conf.tolist()}
   if run_root is not None and meta.get('personalized'):
     report.update(_per_client(run_root, task, data_dir, batch_size))
@@ -91,6 +99,7 @@ def evaluate_saved_model(saved_model: str, task_name, data_dir, batch_size: int,
 
 def _confusion(fn, dataset, num_classes):
   import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   conf = np.zeros((num_classes, num_classes), np.int64)
   for images, labels in dataset:
     pred = tf.argmax(fn(images=images)['logits'], -1, output_type=tf.int32)
@@ -135,8 +144,9 @@ def _main() -> int:
   report = evaluate_saved_model(cli.user_path(FLAGS.saved_model), FLAGS.task,
                                 cli.user_path(FLAGS.data_dir), FLAGS.batch_size,
                                 cli.user_path(FLAGS.output_dir), FLAGS.trust_saved_model)
-  print(f'task {report["task"]}: top-1 accuracy {report["test_accuracy"]:.4f} on '
-        f'{report["test_examples"]} test examples')
+  print(f'task {report["task"]}' + (f' (data {report["data_dir"]})' if report['data_dir'] else '')
+        + f': top-1 accuracy {report["test_accuracy"]:.4f} on {report["test_examples"]} test '
+        'examples')
   print('per-class accuracy: ' + ' '.join(f'{i}:{a:.3f}' for i, a in
                                           enumerate(report['per_class_accuracy'])))
   if 'per_client_test_accuracy' in report:

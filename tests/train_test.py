@@ -3,6 +3,7 @@ FedBN test uses a small fake Office-Caltech10 tree (test sets of different sizes
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -271,8 +272,9 @@ class TrainTest(absltest.TestCase):
     local = os.path.join(out, 'local_models', 'round_2', 'client_1')
     self.assertTrue(os.path.exists(os.path.join(local, 'saved_model.pb')))
     analysis_dir = os.path.join(self.tmp, 'analysis')
+    # No --task: the runs' (their config.json), also for the local model inside its run.
     proc = testutil.run_module('bin.analyze', f'--saved_model={out},{self.ref_dir}',
-                               '--task=digits', f'--local_saved_model={local}',
+                               f'--local_saved_model={local}',
                                f'--global_saved_model={out}', f'--output_dir={analysis_dir}',
                                '--probe')
     self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
@@ -281,13 +283,39 @@ class TrainTest(absltest.TestCase):
     # The probe's head accuracy is the exported model's test accuracy, which the trainer measured
     # on its own (the Keras model in the training program): one example's tie apart.
     with open(os.path.join(analysis_dir, 'summary.json')) as f:
-      probe = json.load(f)['runs']['collapse']['probe']
+      analysed = json.load(f)
+    self.assertEqual(analysed['settings']['task'], 'digits')
+    probe = analysed['runs']['collapse']['probe']
     with open(os.path.join(out, 'summary.json')) as f:
       trained = json.load(f)
     self.assertAlmostEqual(probe['head_accuracy'], trained['final_test_accuracy'],
                            delta=1.5 / probe['test_examples'])
     self.assertEqual(sum(probe['head_predictions_per_class']), probe['test_examples'])
     self.assertGreater(probe['nearest_class_mean_accuracy'], 0.1)  # 10 classes; chance is 0.1.
+
+  def test_evaluate_takes_task_and_data_dir_from_the_run(self):
+    run = os.path.join(self.tmp, 'edited_run')
+    shutil.copytree(self.ref_dir, run)
+    with open(os.path.join(run, 'config.json')) as f:
+      config = json.load(f)
+    # The run's config.json names another task and data directory than the SavedModel's metadata
+    # (digits) and the default (none).
+    data = os.path.join(self.tmp, 'tfds_of_the_run')
+    with open(os.path.join(run, 'config.json'), 'w') as f:
+      json.dump(dict(config, task='cifar10', data_dir=data), f)
+    model = os.path.join(run, 'export', 'saved_model')
+    proc = testutil.run_module('bin.evaluate', f'--saved_model={model}')
+    self.assertEqual(proc.returncode, 2)  # cifar10's test split does not fit this digits model.
+    self.assertIn('cifar10', proc.stderr.strip().splitlines()[-1])
+    for args, want in (([], data), (['--data_dir=/elsewhere/tfds'], '/elsewhere/tfds')):
+      out = os.path.join(self.tmp, f'evaluation_{len(args)}')
+      proc = testutil.run_module('bin.evaluate', f'--saved_model={model}', '--task=digits',
+                                 f'--output_dir={out}', *args)
+      self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+      with open(os.path.join(out, 'evaluation.json')) as f:
+        evaluation = json.load(f)
+      self.assertEqual((evaluation['task'], evaluation['data_dir']), ('digits', want))
+      self.assertIn(f'task digits (data {want})', proc.stdout)
 
   def test_evaluate_refuses_model_of_another_task(self):
     proc = testutil.run_module('bin.evaluate', f'--saved_model={self.ref_dir}', '--task=cifar10')

@@ -308,3 +308,36 @@ def _norm(v):
   if isinstance(v, (int, float)):
     return float(v)
   return v
+
+
+# How far above a model a run directory may be: <run>/export/clients/<id>/saved_model is 4 levels.
+_RUN_LEVELS = 4
+
+
+def find_run(path: str) -> tuple[str | None, dict]:
+  """The run directory holding `path` and its config.json's contents, for the programs that take
+  a model (bin/evaluate, bin/analyze) to default to the run's task and data directory.
+
+  Args:
+    path: a run directory, or a model inside one (<run>/export/saved_model,
+      <run>/export/round_<r>, <run>/export/clients/<id>/saved_model,
+      <run>/local_models/round_<r>/client_<id>).
+
+  Returns:
+    (run directory, its configuration as a dict), or (None, {}) when neither `path` nor a directory
+    up to 4 levels above it holds a run's config.json (a model copied out of its run).
+  """
+  here = os.path.abspath(path)
+  for _ in range(_RUN_LEVELS + 1):
+    try:
+      with open(config_path(here)) as f:
+        config = json.load(f)
+    except (OSError, ValueError):
+      config = None
+    if isinstance(config, dict) and 'task' in config and 'hparams' in config:
+      return here, config
+    parent = os.path.dirname(here)
+    if parent == here:
+      break
+    here = parent
+  return None, {}
