@@ -1,21 +1,29 @@
-r"""The report of a study (bin/study): table, accuracy curves, collapse spectra, one HTML page.
+r"""The report of bin/train runs or a bin/study study: table, accuracy curves, collapse spectra, one
+HTML page.
 
-  .venv/bin/python -m bin.report --study_dir=studies/alpha       # -> studies/alpha/report/
-  .venv/bin/python -m bin.report --study_dir=studies/alpha --nospectra --output_dir=/tmp/r
-  .venv/bin/python -m bin.report --study_dir=studies/alpha --archive_dir=results/alpha  # to commit
+  python -m bin.report runs/digits-fedavg-none-1a2b runs/digits-fedavg-feddecorr-3c4d \
+      --output_dir=reports/digits               # run directories, positional or --run_dir=a,b
+  python -m bin.report --run_dir=runs/<run>     # one run -> runs/<run>/report/
+  python -m bin.report --study_dir=studies/alpha       # a study -> studies/alpha/report/
+  python -m bin.report --study_dir=studies/alpha --nospectra --output_dir=/tmp/r
+  python -m bin.report --study_dir=studies/alpha --archive_dir=results/alpha  # to commit
 
-Reads <study_dir>/study.json for the runs of the study and each run's summary.json and
-metrics.csv for how far it got. Writes table.md and table.csv (per configuration, over seeds: mean
-± std of the final and best test accuracy of the finished runs, seeds done, each regulariser minus
---regularizer=none), with --latex table.tex, curves.png (test accuracy per round, mean with a ±std
-band), spectra.png (the representation spectrum of each configuration's exported models over the
-task's test split, relative to its largest value, when exports exist; spectra_by_round.png and a
-table of effective ranks and local-vs-global gaps when runs exported several rounds or saved local
-models), with --thresholds a table of the rounds each configuration took to reach those test
-accuracies, each figure also as .svg and .pdf, and report.html (all of it on one self-contained
-page). --archive_dir copies the finished runs' small files (spectra included) into a directory
-that this command reads back as a study. Unfinished runs are listed,
-never averaged in. Bad input exits 2 with one line naming the flag. Logic:
+Run directories (what bin/train writes; --run_dir, or as arguments) are read as a study whose
+runs are those directories: each run's config.json gives its settings, and the settings whose
+values differ between the runs are the table's columns (the algorithm and regulariser always), so
+runs that differ only in --seed fold into one row (mean ± std over seeds). A study is read from
+<study_dir>/study.json (a run directory given as --study_dir is reported as --run_dir would).
+Each run's summary.json and metrics.csv say how far it got. Writes table.md and table.csv (per
+configuration, over seeds: mean ± std of the final and best test accuracy of the finished runs,
+seeds done, each regulariser minus --regularizer=none), with --latex table.tex, curves.png (test
+accuracy per round, mean with a ±std band), spectra.png (the representation spectrum of each
+configuration's exported models over the task's test split, relative to its largest value, when
+exports exist; spectra_by_round.png and a table of effective ranks and local-vs-global gaps when
+runs exported several rounds or saved local models), with --thresholds a table of the rounds each
+configuration took to reach those test accuracies, each figure also as .svg and .pdf, and
+report.html (all of it on one self-contained page). --archive_dir copies the finished runs' small
+files (spectra included) into a directory that this command reads back as a study. Unfinished runs
+are listed, never averaged in. Bad input exits 2 with one line naming the flag. Logic:
 tff_decorr/studies/report.py.
 """
 
@@ -38,10 +46,14 @@ from tff_decorr.studies import study
 report = lazy.lazy_module('tff_decorr.studies.report')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+_RUN_DIR = flags.DEFINE_list('run_dir', [], 'Run directories bin/train wrote (comma-separated; '
+                             'also accepted as arguments): their report, runs that differ only in '
+                             '--seed folded into one row.')
 _STUDY_DIR = flags.DEFINE_string('study_dir', None, 'Directory of a bin/study study (holds '
                                  'study.json).')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where the report goes (default '
-                                  '<study_dir>/report).')
+                                  '<study_dir>/report, or <run_dir>/report for one run; required '
+                                  'for several).')
 _SPECTRA = flags.DEFINE_bool('spectra', True, 'Compute collapse spectra from the runs\' exported '
                              'models (loads each model and the task\'s test split).')
 _DATA_DIR = flags.DEFINE_string('data_dir', None, 'TFDS data dir for the spectra\' test split '
@@ -62,14 +74,21 @@ _LATEX = flags.DEFINE_bool('latex', False, 'Also write the table as LaTeX, table
 
 
 def main(argv: Sequence[str]) -> int:
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments {argv[1:]}; flags are --name=value.')
-  return cli.run_guarded('report', _main)
+  return cli.run_guarded('report', lambda: _main(list(argv[1:])))
 
 
-def _main() -> int:
-  if not _STUDY_DIR.value:
-    raise study.StudyError('--study_dir is required: the directory bin/study wrote (study.json).')
+def _main(arguments: Sequence[str]) -> int:
+  run_dirs = [cli.user_path(p) for p in [*_RUN_DIR.value, *arguments] if p]
+  if run_dirs and _STUDY_DIR.value:
+    raise study.StudyError('--study_dir and --run_dir: give one of them (a study, or run '
+                           'directories).')
+  if not run_dirs and not _STUDY_DIR.value:
+    raise study.StudyError('--run_dir or --study_dir is required: run directories bin/train wrote '
+                           '(--run_dir=runs/a,runs/b), or the directory bin/study wrote.')
+  study_dir = cli.user_path(_STUDY_DIR.value or '')
+  if study_dir and (not os.path.exists(os.path.join(study_dir, study.MANIFEST)) and
+                    os.path.exists(os.path.join(study_dir, 'config.json'))):
+    run_dirs, study_dir = [study_dir], ''  # A run directory given as a study: its report.
   if _MAX_EXAMPLES.value < 0:
     raise study.StudyError(f'--max_examples must be >= 0 (0: all), got {_MAX_EXAMPLES.value}.')
   if _BATCH_SIZE.value < 1:
@@ -84,24 +103,32 @@ def _main() -> int:
       raise study.StudyError(f'--thresholds: {text!r} is not a test accuracy in percent in '
                              '(0, 100]; give e.g. --thresholds=20,25,30.')
     thresholds.append(value / 100)
-  study_dir = cli.user_path(_STUDY_DIR.value)
-  study.read_manifest(study_dir)  # A bad --study_dir fails before anything is created.
+  # Bad input fails before anything is created.
+  manifest = (report.manifest_of_runs(run_dirs) if run_dirs else study.read_manifest(study_dir))
   if _ARCHIVE_DIR.value:
     archive_dir = cli.user_path(_ARCHIVE_DIR.value)
     cli.ensure_writable_dir(archive_dir)
     names = report.archive(study_dir, archive_dir, data_dir=cli.user_path(_DATA_DIR.value or '')
                            or None, max_examples=_MAX_EXAMPLES.value or None,
-                           batch_size=_BATCH_SIZE.value, log=lambda s: print(s, flush=True))
-    print(f'archived {len(names)} finished run(s) of {study_dir} in {archive_dir}; report: '
-          f'python -m bin.report --study_dir={archive_dir}')
+                           batch_size=_BATCH_SIZE.value, log=lambda s: print(s, flush=True),
+                           manifest=manifest)
+    print(f'archived {len(names)} finished run(s) of {study_dir or ", ".join(run_dirs)} in '
+          f'{archive_dir}; report: python -m bin.report --study_dir={archive_dir}')
     return 0
-  output_dir = cli.user_path(_OUTPUT_DIR.value or os.path.join(study_dir, 'report'))
+  if _OUTPUT_DIR.value:
+    output_dir = cli.user_path(_OUTPUT_DIR.value)
+  elif len(run_dirs) > 1:
+    raise study.StudyError(f'--output_dir is required with {len(run_dirs)} run directories: where '
+                           'their report goes (e.g. --output_dir=reports/<name>).')
+  else:
+    output_dir = os.path.join(study_dir or run_dirs[0], 'report')
   cli.ensure_writable_dir(output_dir)
-  written = report.build(study_dir, output_dir, spectra=_SPECTRA.value,
-                         data_dir=cli.user_path(_DATA_DIR.value or '') or None,
-                         max_examples=_MAX_EXAMPLES.value or None,
-                         batch_size=_BATCH_SIZE.value, log=lambda s: print(s, flush=True),
-                         latex_table=_LATEX.value, thresholds=thresholds)
+  options = dict(spectra=_SPECTRA.value, data_dir=cli.user_path(_DATA_DIR.value or '') or None,
+                 max_examples=_MAX_EXAMPLES.value or None, batch_size=_BATCH_SIZE.value,
+                 log=lambda s: print(s, flush=True), latex_table=_LATEX.value,
+                 thresholds=thresholds)
+  written = (report.build_runs(run_dirs, output_dir, **options) if run_dirs
+             else report.build(study_dir, output_dir, **options))
   with open(written['markdown']) as f:
     print(f.read().split('\n- ')[0].rstrip())  # The table.
   for kind, path in written.items():

@@ -264,6 +264,78 @@ class ReportTest(absltest.TestCase):
     self.assertEqual([r['final_test_accuracy_mean'] for r in rows],
                      [self.rows[r['regularizer']]['final_test_accuracy_mean'] for r in rows])
 
+  def test_report_of_run_directories(self):
+    """The study's bin/train run directories given as --run_dir and as arguments, without the
+    study: a row per configuration over seeds, numbers from the runs' own summary.json files.
+    Seed 2's run without a regulariser was run with --rounds=1: finished, a configuration of its
+    own."""
+    runs_dir = os.path.join(self.study_dir, 'runs')
+    paths = [os.path.join(runs_dir, n) for n, _, _ in self.runs]
+    out = os.path.join(self.tmp, 'runs_report')
+    proc = testutil.check(testutil.run_module(
+        'bin.report', f'--run_dir={",".join(paths[:2])}', *paths[2:], f'--output_dir={out}'),
+        'bin/report --run_dir')
+    with open(os.path.join(out, 'table.csv'), newline='') as f:
+      rows = {(r['rounds'], r['regularizer']): r for r in csv.DictReader(f)}
+    self.assertEqual(set(rows), {('2', 'none'), ('2', 'feddecorr'), ('1', 'none')})
+    for reg in ('none', 'feddecorr'):
+      row, finished = rows['2', reg], self._finished(reg)
+      self.assertEqual((row['n_done'], row['n_runs'], row['seeds_done']), ('2', '2', '0 1'))
+      values = np.array([s['final_test_accuracy'] for _, s in finished])
+      self.assertAlmostEqual(float(row['final_test_accuracy_mean']), values.mean(), places=12)
+      self.assertAlmostEqual(float(row['final_test_accuracy_std']), values.std(ddof=1),
+                             places=12)
+      # The same effective rank as the study's report of the same runs.
+      self.assertAlmostEqual(float(row['effective_rank_mean']),
+                             float(self.rows[reg]['effective_rank_mean']), places=9)
+    (one_round,) = [s for _, c, s in self.runs if c['rounds'] == 1]
+    self.assertAlmostEqual(float(rows['1', 'none']['final_test_accuracy_mean']),
+                           one_round['final_test_accuracy'], places=12)
+    for name in ('report.html', 'curves.png', 'curves.svg', 'spectra.png', 'table.md'):
+      self.assertTrue(os.path.exists(os.path.join(out, name)), name)
+    with open(os.path.join(out, 'report.html')) as f:
+      self.assertEqual(f.read().count('data:image/png;base64,'), 2)  # Curves and spectra.
+    self.assertIn('| algorithm | regularizer | rounds |', proc.stdout)
+
+  def test_report_of_one_run_given_as_study_dir(self):
+    """What a user tries first after bin/train: --study_dir=<run> reports that run, in
+    <run>/report."""
+    name, _, summary = next((n, c, s) for n, c, s in self.runs
+                            if c['regularizer'] == 'none' and c['seed'] == 0)
+    run = os.path.join(self.tmp, 'one_run')
+    shutil.copytree(os.path.join(self.study_dir, 'runs', name), run)
+    testutil.check(testutil.run_module('bin.report', f'--study_dir={run}', '--nospectra'),
+                   'bin/report --study_dir=<run>')
+    out = os.path.join(run, 'report')
+    with open(os.path.join(out, 'table.csv'), newline='') as f:
+      (row,) = list(csv.DictReader(f))
+    self.assertEqual((row['algorithm'], row['regularizer'], row['n_done']), ('fedavg', 'none', '1'))
+    self.assertAlmostEqual(float(row['final_test_accuracy_mean']),
+                           summary['final_test_accuracy'], places=12)
+    self.assertTrue(os.path.exists(os.path.join(out, 'curves.png')))
+    with open(os.path.join(out, 'report.html')) as f:
+      page = f.read()
+    self.assertIn(f'Run {os.path.basename(run)}', page)
+    self.assertNotIn('Δ final vs none', page)  # One regulariser: nothing to compare with.
+    with open(os.path.join(out, 'table.md')) as f:
+      self.assertIn(f'{100 * summary["final_test_accuracy"]:.2f}', f.read())
+
+  def test_bad_run_dir_is_one_line(self):
+    missing = os.path.join(self.tmp, 'missing_run')
+    for args, line in (
+        ([f'--run_dir={missing}'], f'report: error: --run_dir={missing} does not exist; give a '
+         'run directory bin/train wrote (it holds config.json).'),
+        ([f'--run_dir={self.study_dir}'], f'report: error: --run_dir={self.study_dir} is a '
+         f'bin/study directory; give --study_dir={self.study_dir}.'),
+        ([os.path.join(self.study_dir, 'runs', self.runs[0][0]),
+          os.path.join(self.study_dir, 'runs', self.runs[1][0])],
+         'report: error: --output_dir is required with 2 run directories: where their report '
+         'goes (e.g. --output_dir=reports/<name>).')):
+      proc = testutil.run_module('bin.report', *args)
+      self.assertEqual(proc.returncode, 2, proc.stderr)
+      self.assertEqual(proc.stderr.strip().splitlines()[-1], line)
+    self.assertFalse(os.path.exists(missing))
+
   def test_bad_study_dir_is_one_line(self):
     missing = os.path.join(self.tmp, 'missing')
     proc = testutil.run_module('bin.report', f'--study_dir={missing}')

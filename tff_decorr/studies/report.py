@@ -95,6 +95,76 @@ def load_runs(study_dir: str, manifest: Mapping[str, Any]) -> List[Run]:
   return runs
 
 
+# ---- run directories (bin/train) read as a study ----
+
+# Columns a table always has for run directories, so that it says what ran even when every run
+# ran the same algorithm or regulariser.
+_ALWAYS_SHOWN = ('algorithm', 'regularizer')
+
+
+def run_flags(config: Mapping[str, Any]) -> Dict[str, str]:
+  """A run's config.json as the bin/train flags that set what it computed, {flag: text}: its
+  generic settings (not where its files are or how it was executed: config.RESUMABLE_KEYS but
+  --rounds) and its components' settings under their flag names (--dirichlet_alpha)."""
+  from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
+  skip = set(config_lib.RESUMABLE_KEYS) - {'rounds'}
+  text = lambda v: ('true' if v else 'false') if isinstance(v, bool) else str(v)
+  out = {k: text(v) for k, v in config.items() if k != 'hparams' and k not in skip}
+  names = {(component, spec.field): spec.name
+           for _, component, spec in config_lib.component_flag_specs()}
+  for component, settings in (config.get('hparams') or {}).items():
+    for field, value in (settings or {}).items():
+      out[names.get((component, field), f'{component}_{field}')] = text(value)
+  return out
+
+
+def _config_of_run_dir(path: str, flag: str) -> dict:
+  """config.json of a bin/train run directory; StudyError naming `flag` and the fix otherwise."""
+  if not os.path.isdir(path):
+    raise study.StudyError(f'{flag}={path} does not exist; give a run directory bin/train wrote '
+                           '(it holds config.json).')
+  config = study.read_json(os.path.join(path, 'config.json'))
+  if isinstance(config, dict):
+    return config
+  if os.path.exists(os.path.join(path, 'config.json')):
+    raise study.StudyError(f'{flag}={path}: its config.json cannot be read; re-run the bin/train '
+                           'command that wrote it (the run resumes and writes it again).')
+  if os.path.exists(os.path.join(path, study.MANIFEST)):
+    raise study.StudyError(f'{flag}={path} is a bin/study directory; give --study_dir={path}.')
+  raise study.StudyError(f'{flag}={path} has no config.json; give a run directory bin/train '
+                         'wrote (runs/<task>-<algorithm>-<regularizer>-<hash> or its '
+                         '--output_dir).')
+
+
+def manifest_of_runs(run_dirs: Sequence[str], flag: str = '--run_dir') -> dict:
+  """A study manifest (study.json's form, in memory) of bin/train run directories, which
+  `build_runs` reports as it reports a study: a cell per directory with its config.json as flags
+  (`run_flags`), the rounds its configuration asks for, and as axes the flags whose values differ
+  between the runs (the algorithm and regulariser always), the seed last. Runs that differ only in
+  their seed fold into one row. A note lists what every run has in common. Raises StudyError
+  (naming `flag`) for a directory that is not a run directory."""
+  paths = list(dict.fromkeys(os.path.abspath(p) for p in run_dirs))
+  if not paths:
+    raise study.StudyError(f'{flag}: no run directory given; give one or more run directories '
+                           'bin/train wrote (--run_dir=runs/a,runs/b).')
+  configs = [_config_of_run_dir(p, flag) for p in paths]
+  flags_of = [run_flags(c) for c in configs]
+  base = [os.path.basename(p) for p in paths]
+  names = base if len(set(base)) == len(base) else [os.path.relpath(p) for p in paths]
+  order = list(dict.fromkeys(k for f in flags_of for k in f))
+  differ = [k for k in order if len({f.get(k, '') for f in flags_of}) > 1]
+  axes = [k for k in order if (k in differ or k in _ALWAYS_SHOWN) and k != SEED]
+  axes += [SEED] if SEED in differ else []
+  common = [f'{k}={flags_of[0][k]}' for k in order
+            if k not in axes and all(k in f for f in flags_of)]
+  cells = [{'name': name, 'run_dir': path, 'log': '', 'flags': f, 'rounds': int(c['rounds'])}
+           for name, path, f, c in zip(names, paths, flags_of, configs)]
+  # By seed, so each row lists its seeds in order (rows come in the order of their lowest seed).
+  cells.sort(key=lambda c: int(c['flags'][SEED]) if c['flags'].get(SEED, '').isdigit() else 0)
+  return {'version': study.MANIFEST_VERSION, 'axes': axes, 'cells': cells,
+          'notes': [f'Settings every run has: {" ".join(common)}.'] if common else []}
+
+
 @dataclasses.dataclass
 class Row:
   """One configuration over its seeds."""
@@ -396,10 +466,16 @@ def _num(mean: float, std: float) -> str:
   return f'{mean:.2f} ± {std:.2f}' if not math.isnan(std) else f'{mean:.2f}'
 
 
+def compares_regularizers(rows: Sequence[Row], axes: Sequence[str]) -> bool:
+  """Whether the table has the Δ vs --regularizer=none columns: it has more than one regulariser
+  (a report of run directories shows the regulariser of a single one too)."""
+  return 'regularizer' in axes and len({row.value('regularizer') for row in rows}) > 1
+
+
 def table(rows: Sequence[Row], axes: Sequence[str], spectra: bool) -> Tuple[List[str], List[list]]:
   """(header, cells) of the paper-style table, accuracies in percent."""
   columns = [a for a in axes if a != SEED]
-  deltas = 'regularizer' in columns
+  deltas = compares_regularizers(rows, axes)
   header = [*columns, 'seeds done', 'final acc. (%)', 'best acc. (%)']
   if deltas:
     header += ['Δ final vs none', 'Δ best vs none']
@@ -547,7 +623,7 @@ def latex(rows: Sequence[Row], axes: Sequence[str], spectra: bool) -> str:
   difference from --regularizer=none, and the effective rank, which FedDecorr raises), compared as
   printed so ties are all bold. Needs \\usepackage{booktabs}."""
   grid = [a for a in axes if a != SEED]
-  numeric = latex_columns(spectra, 'regularizer' in grid)
+  numeric = latex_columns(spectra, compares_regularizers(rows, axes))
   cells: List[List[str]] = []
   shown: List[List[Optional[float]]] = []  # The printed means, to find each column's best.
   for row in rows:
@@ -689,6 +765,44 @@ def build(study_dir: str, output_dir: str, spectra: bool = True, data_dir: Optio
   if not runs:
     raise study.StudyError(f'--study_dir={study_dir}: study.json lists no runs; run bin/study '
                            'first.')
+  title = f'Study {os.path.basename(os.path.normpath(study_dir))}'
+  return _build(runs, manifest, output_dir, title, study_dir, spectra=spectra, data_dir=data_dir,
+                max_examples=max_examples, batch_size=batch_size, log=log,
+                latex_table=latex_table, thresholds=thresholds)
+
+
+def build_runs(run_dirs: Sequence[str], output_dir: str, **kwargs) -> Dict[str, str]:
+  """Writes the report of bin/train run directories to `output_dir`, as `build` writes a study's.
+
+  The runs are read as a study (`manifest_of_runs`): a row per configuration, folded over seeds.
+
+  Args:
+    run_dirs: run directories bin/train (or tff_decorr.train) wrote, each holding config.json.
+    output_dir: where the report's files go (created).
+    **kwargs: `build`'s keyword arguments (spectra, data_dir, max_examples, batch_size, log,
+      latex_table, thresholds).
+
+  Returns:
+    {kind: path} of the files written ('csv', 'markdown', 'html', the figures' formats).
+
+  Raises:
+    study.StudyError: no directory given, or one that is not a run directory (the message names
+      --run_dir and the fix).
+  """
+  manifest = manifest_of_runs(run_dirs)
+  runs = load_runs('', manifest)
+  names = [r.name for r in runs]
+  title = f'Run {names[0]}' if len(names) == 1 else f'Runs {", ".join(names)}'
+  where = ', '.join(r.path for r in runs)
+  return _build(runs, manifest, output_dir, title, where, **kwargs)
+
+
+def _build(runs: Sequence[Run], manifest: Mapping[str, Any], output_dir: str, title: str,
+           where: str, spectra: bool = True, data_dir: Optional[str] = None,
+           max_examples: Optional[int] = None, batch_size: int = 256,
+           log: Callable[[str], None] = print, latex_table: bool = False,
+           thresholds: Sequence[float] = ()) -> Dict[str, str]:
+  """The report of `runs` (a study's manifest, or `manifest_of_runs`') in `output_dir`."""
   axes = list(manifest.get('axes') or [])
   notes = []
   if spectra:
@@ -727,19 +841,19 @@ def build(study_dir: str, output_dir: str, spectra: bool = True, data_dir: Optio
   counts = {s: sum(r.status == s for r in runs) for s in ('done', 'incomplete', 'not started',
                                                          'failed')}
   done_text = ', '.join(f'{n} {s}' for s, n in counts.items() if n)
-  notes = [f'{len(runs)} runs ({done_text}) in {study_dir}; generated '
+  notes = [f'{len(runs)} runs ({done_text}) in {where}; generated '
            f'{time.strftime("%Y-%m-%d %H:%M:%S")}.',
            'Accuracy: test accuracy of the global model (personalised algorithms: the mean of the '
            "clients' own models), in percent; mean ± sample standard deviation (ddof=1) over the "
            'finished runs of each row only; unfinished runs are listed in their row and drawn '
            'dotted in the curves, never averaged in.'] + (
                ['Δ vs none: the row\'s mean minus the mean of the same configuration with '
-                '--regularizer=none (percentage points).'] if 'regularizer' in axes else []) + (
+                '--regularizer=none (percentage points).'] if compares_regularizers(rows, axes)
+               else []) + (
                     ['Effective rank: exp(entropy) of the normalised singular values of the '
                      "representation covariance over the task's test split (docs/analysis.md)."]
                     if have_spectra else []) + list(manifest.get('notes', [])) + notes
   header, body = table(rows, axes, have_spectra)
-  title = f'Study {os.path.basename(os.path.normpath(study_dir))}'
   md = markdown(title, header, body, notes, images, tables)
   written['markdown'] = os.path.join(output_dir, 'table.md')
   with open(written['markdown'], 'w') as f:
@@ -761,13 +875,16 @@ ARCHIVED_FILES = ('config.json', 'summary.json', 'metrics.csv')
 
 def archive(study_dir: str, archive_dir: str, data_dir: Optional[str] = None,
             max_examples: Optional[int] = None, batch_size: int = 256,
-            log: Callable[[str], None] = print) -> List[str]:
+            log: Callable[[str], None] = print,
+            manifest: Optional[Mapping[str, Any]] = None) -> List[str]:
   """Copies the study's finished runs into `archive_dir` as a study `build` reads: study.json (its
   cells, merged with those the archive already holds, so runs archived from other machines stay)
   and per run config.json, summary.json, metrics.csv and spectra.json (run_spectra; computed from
   the exports unless the run has one). Nothing else (no SavedModel, checkpoint or log): a few KB a
-  run, to commit. Returns the names of the runs archived now."""
-  manifest = study.read_manifest(study_dir)
+  run, to commit. `manifest`: the study's instead of <study_dir>/study.json (bin/train run
+  directories: `manifest_of_runs`, with `study_dir` ''). Returns the names of the runs archived
+  now."""
+  manifest = manifest if manifest is not None else study.read_manifest(study_dir)
   runs = {r.name: r for r in load_runs(study_dir, manifest)}
   os.makedirs(archive_dir, exist_ok=True)
   old = study.read_json(os.path.join(archive_dir, study.MANIFEST)) or {}
