@@ -121,6 +121,14 @@ class TrainTest(absltest.TestCase):
     self.assertIn(f'final {summary["final_test_accuracy"]:.4f} (round 3)', again.stdout)
     self.assertEqual({f: os.stat(os.path.join(self.ref_dir, f)).st_mtime_ns for f in files},
                      before)  # Nothing exported or written again.
+    # A finished run whose export is gone exports it again (nothing else to do).
+    copy = os.path.join(self.tmp, 'finished_without_export')
+    shutil.copytree(self.ref_dir, copy)
+    shutil.rmtree(os.path.join(copy, 'export'))
+    again = self.train(['--runtime=tf', '--rounds=3', f'--output_dir={copy}'])
+    self.assertNotIn('is already complete', again.stdout)
+    self.assertTrue(os.path.isdir(os.path.join(copy, 'export', 'saved_model')))
+    self.assertEqual(_summary_of(copy)['final_test_accuracy'], summary['final_test_accuracy'])
 
   def test_killed_run_resumes_to_the_same_result(self):
     out = os.path.join(self.tmp, 'killed')

@@ -77,13 +77,20 @@ def _has_checkpoint(output_dir: str, overwrite: bool, log) -> bool:
 
 def _finished_summary(config: config_lib.Config) -> Optional[dict]:
   """The summary.json of a run that already finished `config.rounds` rounds (its newest checkpoint
-  is that round's and its summary says so), else None."""
+  is that round's and its summary says so) and holds its exports, else None: a run whose final
+  model or a personalised run's client models are missing exports them again on a re-run."""
   try:
     with open(os.path.join(config.output_dir, 'summary.json')) as f:
       summary = json.load(f)
   except (OSError, ValueError):
     return None
   if not isinstance(summary, dict) or summary.get('final_round') != config.rounds:
+    return None
+  exports = [os.path.join(config.output_dir, 'export', 'saved_model')]
+  if 'per_client_test_accuracy' in summary:
+    exports += [personalized.client_export_dir(config.output_dir, cid)
+                for cid in range(config.num_clients)]
+  if not all(os.path.isdir(path) for path in exports):
     return None
   return summary if _checkpoint_round(config.output_dir) == config.rounds else None
 
