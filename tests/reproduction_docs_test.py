@@ -41,6 +41,10 @@ class ReproductionDocsTest(absltest.TestCase):
     self.assertEqual(_block('docs/reproduction.md', 'reproduction-effects'),
                      reproduction.effects_markdown(self.runs))
 
+  def test_readme_table_is_current(self):
+    self.assertEqual(_block('README.md', 'reproduction-table'),
+                     reproduction.readme_table(self.runs))
+
   def test_effects_file_is_current(self):
     with open(os.path.join(_ROOT, 'docs', 'reproduction', 'alpha0.05', 'effects.md')) as f:
       self.assertEqual(f.read(), reproduction.effects_markdown(self.runs))
