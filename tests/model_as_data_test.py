@@ -1,7 +1,7 @@
 """Models read as data (run_files/export.py, checkpoint_files.py; docs/security.md): loading a model
 runs no code from the file.
 
-The attack (issue 52): a TF1-style SavedModel (a MetaGraphDef with a saver_def and no object
+The attack: a TF1-style SavedModel (a MetaGraphDef with a saver_def and no object
 graph) whose restore op calls a function holding SaveV2 and MergeV2Checkpoints. Every operation it
 names is on graph_check's allow list, and TensorFlow's loader runs the restore while it loads: it
 writes an attacker-named file and moves another run's export/saved_model/variables into a folder
