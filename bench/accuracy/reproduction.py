@@ -454,18 +454,27 @@ def _figures() -> None:
   manifest = study.read_manifest(archive_dir())
   runs = [r for r in report.load_runs(archive_dir(), manifest) if r.done]
   panel = []
+  # The mean curves are over the seeds both methods finished, so the two bands compare the same
+  # seeds; a finished run whose pair is still training is drawn on its own.
+  by_method = {m: {r.flags.get('seed', '?'): r for r in runs if r.flags.get('regularizer') == m}
+               for m in METHODS}
+  paired_seeds = sorted(set.intersection(*(set(v) for v in by_method.values())), key=int)
   for k, method in enumerate(METHODS):
-    curves = [report.read_curve(r.path) for r in runs if r.flags.get('regularizer') == method]
+    curves = [report.read_curve(by_method[method][s].path) for s in paired_seeds]
     curves = [c for c in curves if c[0].size]
     if curves:
       common = sorted(set.intersection(*(set(x.tolist()) for x, _ in curves)))
       ys = [[float(v) for v in y[:len(common)]] for _, y in curves]
       mean = [statistics.mean(col) for col in zip(*ys)]
       std = [statistics.stdev(col) for col in zip(*ys)] if len(ys) > 1 else None
-      seeds = [r.flags.get('seed', '?') for r in runs if r.flags.get('regularizer') == method]
-      which = f'mean ± std of seeds {", ".join(seeds)}' if len(ys) > 1 else f'seed {seeds[0]}'
+      which = (f'mean ± std of seeds {", ".join(paired_seeds)}' if len(ys) > 1
+               else f'seed {paired_seeds[0]}')
       panel.append({'label': f'{LABELS[method]}, project ({which})', 'color': f'C{k}',
                     'x': common, 'y': mean, 'std': std})
+    for seed in sorted(set(by_method[method]) - set(paired_seeds), key=int):
+      x, y = report.read_curve(by_method[method][seed].path)
+      panel.append({'label': f'{LABELS[method]}, project seed {seed} (its pair not finished)',
+                    'color': f'C{k}', 'x': x, 'y': y, 'linestyle': ':'})
   in_progress = os.path.join(archive_dir(), 'in_progress')
   for name in sorted(os.listdir(in_progress)) if os.path.isdir(in_progress) else []:
     with open(os.path.join(in_progress, name, 'config.json')) as f:
