@@ -20,7 +20,8 @@ import statistics
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# realpath: under Bazel this file is a link in a test's runfiles, and the results live in the tree.
+ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 # The shared real CIFAR-10 (10k train, 10k test) beside the repository.
 DEFAULT_DATA_DIR = os.path.join(os.path.dirname(ROOT), 'shared', 'data', 'tfds')
 

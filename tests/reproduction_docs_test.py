@@ -10,10 +10,11 @@ from absl import flags
 from absl.testing import absltest
 
 from bench.accuracy import reproduction
+from tests import testutil
 from tff_decorr.studies import report
 from tff_decorr.studies import study
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = testutil.REPO_ROOT  # The source tree, also under Bazel (its runfiles hold no docs).
 
 
 def _block(path: str, name: str) -> str:
