@@ -51,6 +51,13 @@ class CountSkipsTest(absltest.TestCase):
     self.assertEqual(code, 0)
     self.assertIn('skipped tests: 0 (0 allowed', out)
 
+  def test_an_empty_xml_of_a_timed_out_target_is_no_crash(self):
+    self.write('tests/a_test/test.xml', '')
+    self.write('tests/b_test/test.xml', _xml('B', [('test_browser', True)]))
+    code, out = self.run_main()
+    self.assertEqual(code, 1)
+    self.assertIn('B.test_browser', out)
+
   def test_a_skip_fails_and_is_named(self):
     self.write('tests/a_test/test.xml', _xml('A', [('test_one', False)]))
     self.write('tests/b_test/test.xml', _xml('B', [('test_browser', True), ('test_ok', False)]))

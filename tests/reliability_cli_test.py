@@ -130,9 +130,9 @@ class ReliabilityCliTest(absltest.TestCase):
     self.assertEqual(_summary(out)['final_round'], 3)
     self.assertEqual(_summary(out)['final_test_accuracy'],
                      _summary(self.ref)['final_test_accuracy'])
-    # --overwrite on a readable run of the same configuration resumes it, saying so.
+    # --overwrite on a readable, finished run of the same configuration keeps it: it is complete.
     again = self.train(args + ['--overwrite'])
-    self.assertIn('holds a run with the same configuration; resuming it', again.stdout)
+    self.assertIn('is already complete', again.stdout)
     self.assertLen([n for n in os.listdir(self.tmp) if n.startswith('all_corrupt.replaced-')], 1)
 
   def test_deleted_checkpoints_restart_with_one_warning_and_keep_the_old_results(self):

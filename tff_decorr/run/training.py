@@ -92,7 +92,13 @@ def _finished_summary(config: config_lib.Config) -> Optional[dict]:
                 for cid in range(config.num_clients)]
   if not all(os.path.isdir(path) for path in exports):
     return None
-  return summary if _checkpoint_round(config.output_dir) == config.rounds else None
+  # Read in full: a finished run whose checkpoint is damaged is not complete; the start that
+  # follows refuses it with advice (or, under --overwrite, moves it aside), as any other run.
+  try:
+    newest = round_loop.newest_checkpoint_round(config.output_dir)
+  except round_loop.CheckpointError:
+    return None
+  return summary if newest == config.rounds else None
 
 
 def _checkpoint_round(output_dir: str) -> int:
