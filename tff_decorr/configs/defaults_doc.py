@@ -35,8 +35,11 @@ _NONE = '—'  # A table cell with no value.
 
 
 def pages(root: str = ROOT) -> List[str]:
-  """The pages whose blocks are generated: README.md and docs/*.md, as paths under `root`."""
-  return [os.path.join(root, 'README.md')] + sorted(glob.glob(os.path.join(root, 'docs', '*.md')))
+  """The pages whose blocks are generated: README.md and docs/*.md under `root` (none in an
+  installed package, which holds no docs)."""
+  readme = os.path.join(root, 'README.md')
+  return ([readme] if os.path.exists(readme) else []) + sorted(
+      glob.glob(os.path.join(root, 'docs', '*.md')))
 
 
 def _text(value: Any) -> str:
@@ -88,6 +91,12 @@ def _task_values() -> Dict[str, Dict[str, Any]]:
   return out
 
 
+def _task_keys(component: str, spec) -> Tuple[str, str]:
+  """The keys a task's defaults may set a setting by: '<component>.<field>', or its flag's name
+  (the client optimiser's, which were generic settings before: 'client_lr')."""
+  return f'{component}.{spec.field}', spec.name
+
+
 def _client_class() -> type:
   """The client optimiser's settings class, as a run's Config makes it."""
   from tff_decorr.configs import config  # pylint: disable=g-import-not-at-top
@@ -104,8 +113,8 @@ def _settings_table(classes: Sequence[Tuple[str, type]], label: Optional[str]) -
   for name, cls in classes:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for spec in hparams.flag_specs(cls):
-      key = f'{name}.{spec.field}' if cls.component else spec.name
-      given = ', '.join(f'{t} {_text(d[key])}' for t, d in tasks.items() if key in d)
+      given = ', '.join(f'{t} {_text(d[key])}' for t, d in tasks.items()
+                        for key in _task_keys(name, spec) if key in d)
       rows.append(([f'`{name}`'] if label else []) + [
           spec.field, f'`--{spec.name}`', f'`{_text(spec.default)}`',
           _allowed(fields[spec.field]), _cell(spec.help), given])
@@ -176,8 +185,8 @@ def _tasks() -> str:
   column (Config's or the component's default)."""
   from tff_decorr.configs import config  # pylint: disable=g-import-not-at-top
   tasks = _task_values()
-  flag_of = {f'{name}.{spec.field}': (spec.name, spec.default)
-             for _, name, spec in config.component_flag_specs()}
+  flag_of = {key: (spec.name, spec.default) for _, name, spec in config.component_flag_specs()
+             for key in _task_keys(name, spec)}
   defaults = config.Config()
   keys: List[str] = []
   for values in tasks.values():
@@ -284,5 +293,7 @@ def write(paths: Optional[Sequence[str]] = None) -> List[str]:
 
 
 if __name__ == '__main__':
+  if not pages():
+    raise SystemExit(f'no docs under {ROOT}: run it in a checkout of tff_decorr.')
   for written in write():
     print(f'wrote {os.path.relpath(written)}')
