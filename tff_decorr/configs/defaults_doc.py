@@ -35,8 +35,14 @@ _NONE = '—'  # A table cell with no value.
 
 
 def pages(root: str = ROOT) -> List[str]:
-  """The pages whose blocks are generated: README.md and docs/*.md under `root` (none in an
-  installed package, which holds no docs)."""
+  """The pages whose blocks are generated.
+
+  Args:
+    root: the checkout.
+
+  Returns:
+    README.md and docs/*.md under `root` that exist (none in an installed package: no docs).
+  """
   readme = os.path.join(root, 'README.md')
   return ([readme] if os.path.exists(readme) else []) + sorted(
       glob.glob(os.path.join(root, 'docs', '*.md')))
@@ -244,6 +250,12 @@ class Block:
 def blocks(path: str) -> Iterator[Block]:
   """The generated blocks of the page at `path`, in order.
 
+  Args:
+    path: a Markdown page.
+
+  Yields:
+    Each block (`Block`), as the page holds it.
+
   Raises:
     ValueError: a block without its end marker (the message names the page's line).
   """
@@ -259,8 +271,14 @@ def blocks(path: str) -> Iterator[Block]:
 
 
 def documented() -> Dict[Tuple[str, str], List[str]]:
-  """{(kind, component): [block names]} of every registered component, over the pages' blocks
-  (a kind's table covers each of its components)."""
+  """Which blocks of `pages()` show each registered component's settings.
+
+  Returns:
+    {(kind, component): [block names]}, a kind's table counting for each of its components.
+
+  Raises:
+    ValueError: a block without its end marker.
+  """
   from tff_decorr.configs import config  # pylint: disable=g-import-not-at-top
   names = [b.name for p in pages() for b in blocks(p)]
   return {(kind, c): [n for n in names if n in (f'defaults/{kind}', f'defaults/{kind}/{c}')]
@@ -268,14 +286,33 @@ def documented() -> Dict[Tuple[str, str], List[str]]:
 
 
 def stale(paths: Optional[Sequence[str]] = None) -> List[str]:
-  """One line per block of `paths` (default: `pages()`) that differs from what `render` gives:
-  `<page>:<line>: <block> is stale; run python -m tff_decorr.configs.defaults_doc`."""
+  """The blocks that differ from what `render` gives.
+
+  Args:
+    paths: the pages to read (default: `pages()`).
+
+  Returns:
+    One line per stale block: `<page>:<line>: <block> is stale; run <COMMAND>`.
+
+  Raises:
+    ValueError: a block without its end marker, or with a name `render` refuses.
+  """
   return [f'{os.path.relpath(b.path, ROOT)}:{b.line}: {b.name} is stale; run {COMMAND}'
           for path in paths or pages() for b in blocks(path) if b.text != render(b.name)]
 
 
 def write(paths: Optional[Sequence[str]] = None) -> List[str]:
-  """Rewrites every generated block of `paths` (default: `pages()`); returns the paths changed."""
+  """Rewrites every generated block with what `render` gives.
+
+  Args:
+    paths: the pages to rewrite (default: `pages()`).
+
+  Returns:
+    The paths whose text changed (a current page is not written).
+
+  Raises:
+    ValueError: a block without its end marker, or with a name `render` refuses.
+  """
   changed = []
   for path in paths or pages():
     with open(path, encoding='utf-8') as f:
