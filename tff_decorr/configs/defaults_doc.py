@@ -103,6 +103,16 @@ def _task_keys(component: str, spec) -> Tuple[str, str]:
   return f'{component}.{spec.field}', spec.name
 
 
+def _by_value(values: Dict[str, Any], num_tasks: int) -> str:
+  """{task: value} as `value: task, task; value: task` ('every task: value' when all agree)."""
+  groups: Dict[str, List[str]] = {}
+  for task, value in values.items():
+    groups.setdefault(_text(value), []).append(task)
+  if len(groups) == 1 and len(values) == num_tasks:
+    return f'every task: {next(iter(groups))}'
+  return '; '.join(f'{value}: {", ".join(tasks)}' for value, tasks in groups.items())
+
+
 def _client_class() -> type:
   """The client optimiser's settings class, as a run's Config makes it."""
   from tff_decorr.configs import config  # pylint: disable=g-import-not-at-top
@@ -119,8 +129,8 @@ def _settings_table(classes: Sequence[Tuple[str, type]], label: Optional[str]) -
   for name, cls in classes:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for spec in hparams.flag_specs(cls):
-      given = ', '.join(f'{t} {_text(d[key])}' for t, d in tasks.items()
-                        for key in _task_keys(name, spec) if key in d)
+      given = _by_value({t: d[key] for t, d in tasks.items() for key in _task_keys(name, spec)
+                         if key in d}, len(tasks))
       rows.append(([f'`{name}`'] if label else []) + [
           spec.field, f'`--{spec.name}`', f'`{_text(spec.default)}`',
           _allowed(fields[spec.field]), _cell(spec.help), given])
