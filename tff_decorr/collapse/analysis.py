@@ -273,8 +273,8 @@ def singular_values(cov: Any) -> np.ndarray:
   """Singular values of a covariance matrix, descending, float64.
 
   A covariance is symmetric positive semi-definite, so its singular values are its eigenvalues. We
-  use `np.linalg.eigvalsh` (symmetric solver: about 3x cheaper than an SVD at d = 1280, and it never
-  mixes in the left/right singular vectors). Round-off can make eigenvalues that are truly 0 come out
+  use `np.linalg.eigvalsh` (a symmetric solver: cheaper than an SVD, and it never mixes in the
+  left/right singular vectors). Round-off can make eigenvalues that are truly 0 come out
   as tiny negatives (|x| ~ 1e-16 * lambda_max); they are clipped to 0, which is what an SVD would
   report (singular values are >= 0). The matrix is symmetrised first, (C + C^T) / 2.
 

@@ -7,14 +7,14 @@ server update. It runs the plain sum only (bin/train's --aggregator=mean): a tff
 factory is a federated computation. It uses a GPU when TensorFlow sees one (TFF 0.87's worker is
 CPU-only).
 
-Concurrency. One small client step does not fill a CPU's cores (TensorFlow's kernels for a ResNet20
-batch of 64 keep about 1.4 of 2 cores busy), so on a CPU `concurrency` clients train at once, each
-in its own workspace (Keras model and momentum buffers) and Python thread: a tf.function call runs
-its ops without holding the GIL, and the threads share TensorFlow's intra-op pool. The uploads are
-added in the clients' order whatever order they finish in, and a client's computation does not
-depend on which thread runs it, so a round's result is bit-identical to running the clients one
-after another (tests/runtimes_test.py checks this). On a GPU one client at a time (the default
-there): kernels of concurrent clients would only queue on the same device.
+Concurrency. One small client step does not fill a CPU's cores (docs/benchmarks.md §1: one client
+against two at once), so on a CPU `concurrency` clients train at once, each in its own workspace
+(Keras model and momentum buffers) and Python thread: a tf.function call runs its ops without
+holding the GIL, and the threads share TensorFlow's intra-op pool. The uploads are added in the
+clients' order whatever order they finish in, and a client's computation does not depend on which
+thread runs it, so a round's result is bit-identical to running the clients one after another. On
+a GPU one client at a time (the default there): kernels of concurrent clients would only queue on
+the same device.
 
 Two things keep the cores busy at a round's edges. The first concurrent round traces the extra
 workspaces in the calling thread while the first workspace already trains (tracing is Python and
@@ -119,8 +119,8 @@ class TfRuntime:
     dataset_fn = self.client_dataset_fn
 
     # The dataset is built inside a tf.function, as inside the TFF computation: its pipeline is
-    # traced once instead of once per client (building tf.data map functions eagerly costs ~0.1 s
-    # a client), so per-client overhead does not depend on how many clients a round has.
+    # traced once instead of once per client (building tf.data map functions eagerly is paid per
+    # client), so per-client overhead does not depend on how many clients a round has.
     @tf.function
     def step_from_id(broadcast, client_id, seed, state):
       return work(broadcast, dataset_fn(client_id, seed), state)
