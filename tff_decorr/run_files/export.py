@@ -124,9 +124,8 @@ class Evaluator:
 
 class _Serving(tf.Module):
   """What an export holds: the serving function and the model's variables, by name. Not the Keras
-  model object: tf.saved_model.save then also traces every layer's call for Keras' own restore (a
-  ResNet20 export took 3.9 s with it, 1.2 s without, docs/benchmarks.md §3; `bench.speed.run_phases
-  --settings=fidelity`), while the contract is the signature."""
+  model object: tf.saved_model.save then also traces every layer's call for Keras' own restore,
+  which made every export slower (docs/benchmarks.md §3), while the contract is the signature."""
 
   def __init__(self, model: tf.keras.Model, input_shape: Sequence[int]):
     super().__init__()

@@ -20,8 +20,7 @@ same export of other weights. It also saves each model as a Keras object (what t
 with `tf.saved_model.save(model)`, which bin/evaluate reads under --trust_saved_model) and a
 checkpoint in TFF's SavedModel format (what tff_decorr wrote before checkpoint_files). It prints
 the union, which is the list below; `--check` fails when an export names an operation the list
-lacks (8 minutes on two busy cores; tests/graph_check_test.py checks every model in both
-precisions, faster). Regenerate it after a TensorFlow upgrade.
+lacks (minutes: it exports every model). Regenerate it after a TensorFlow upgrade.
 
 The checkpoint operations (SaveV2, RestoreV2, MergeV2Checkpoints) read and write files; every
 SavedModel has them, in the functions its saver runs to save and restore variables. They are
