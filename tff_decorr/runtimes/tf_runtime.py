@@ -50,7 +50,11 @@ def _to_tensors(structure):
 
 
 def default_concurrency() -> int:
-  """Clients trained at once by default: 1 on a GPU, else one per CPU core this process may use."""
+  """Clients trained at once by default: 1 on a GPU, else one per CPU core this process may use.
+
+  Returns:
+    An int >= 1.
+  """
   if tf.config.list_physical_devices('GPU'):
     return 1
   return max(1, len(os.sched_getaffinity(0)))
@@ -58,7 +62,15 @@ def default_concurrency() -> int:
 
 def longest_first(client_ids: Sequence[str], seconds: dict) -> list:
   """Positions of `client_ids` in the order to start them: clients never timed first, in the
-  given order (they may be long), then the timed ones by their last time, longest first."""
+  given order (they may be long), then the timed ones by their last time, longest first.
+
+  Args:
+    client_ids: the round's sampled clients.
+    seconds: {client id: wall seconds of its last local training}.
+
+  Returns:
+    A permutation of range(len(client_ids)); ties keep the given order.
+  """
   unknown = [i for i, c in enumerate(client_ids) if c not in seconds]
   known = sorted((i for i, c in enumerate(client_ids) if c in seconds),
                  key=lambda i: (-seconds[client_ids[i]], i))
@@ -72,7 +84,14 @@ _REORDER_MAX_CLIENTS_PER_THREAD = 4
 
 
 def sum_structures(structures: Sequence[Any]):
-  """Element-wise sum of identical structures (the runtime's aggregation: a plain SUM)."""
+  """Element-wise sum of identical structures (the runtime's aggregation: a plain SUM).
+
+  Args:
+    structures: a non-empty sequence of nests of tensors, all of one structure.
+
+  Returns:
+    One nest of that structure, each leaf the tf.add_n of the corresponding leaves.
+  """
   return tf.nest.map_structure(lambda *xs: tf.add_n(list(xs)), *structures)
 
 
@@ -173,13 +192,33 @@ class TfRuntime:
       self._pool = None
 
   def initialize(self, initial_weights=None):
+    """The server state before round 1.
+
+    Args:
+      initial_weights: the global model's starting weights; None: the algorithm's own.
+
+    Returns:
+      The algorithm's `initial_server_state` of those weights (NumPy).
+    """
     weights = self.algorithm.initial_weights() if initial_weights is None else initial_weights
     return self.algorithm.initial_server_state(weights)
 
   def run_round(self, server_state, client_inputs: Sequence[Tuple[str, int]],
                 client_states: Sequence[Any]):
-    """One round. Returns (new server state, new client states (list), metrics), NumPy: the
-    clients' summed metrics and the server step's as 'server/<name>'."""
+    """One round: the sampled clients train, their uploads are summed, the server steps.
+
+    Args:
+      server_state: the state at the round's start (NumPy or tensors).
+      client_inputs: (client id, seed) per sampled client, in the round's order.
+      client_states: each sampled client's state, in the same order.
+
+    Returns:
+      (new server state, new client states (a list, in the clients' order), metrics), NumPy:
+      the clients' summed metrics and the server step's as 'server/<name>'.
+
+    Raises:
+      ValueError: no client, or not one state per client.
+    """
     if len(client_inputs) != len(client_states):
       raise ValueError(f'client_states has {len(client_states)} entries but client_inputs has '
                        f'{len(client_inputs)}; pass one state per sampled client.')
