@@ -5,8 +5,8 @@ layer in bfloat16. On a CPU with native bfloat16 instructions (AVX512_BF16, AMX)
 less CPU time than in float32 (docs/benchmarks.md §2), the one lever left on a run whose float32
 step is already at Keras' own cost (§1). The model's outputs are cast back to float32 by a last
 layer, so the losses, the regularisers, evaluation and aggregation see what they see in float32,
-and the weights the server averages and checkpoints stay float32. bfloat16 keeps float32's exponent range, so no loss scaling is needed
-(Keras' LossScaleOptimizer is for float16).
+and the weights the server averages and checkpoints stay float32. bfloat16 keeps float32's
+exponent range, so no loss scaling is needed (Keras' LossScaleOptimizer is for float16).
 
 Keras reads the policy when a layer is made; it has no public per-call scope in TF 2.14, so the
 global policy is set for the build and restored after it, under a lock (threads building float32
