@@ -52,6 +52,8 @@ def _block(x, convs: common.Convs, in_ch: int, out_ch: int, expansion: int, stri
 def mobilenet_v2_cifar(num_classes: int, input_shape: Sequence[int],
                        projection_dim: Optional[int] = None, decomposed: bool = False,
                        num_atoms: Optional[int] = None, init: str = 'torch') -> tf.keras.Model:
+  """The reference's MobileNetV2 for CIFAR (stride-1 stem); a 1280-d representation. Its
+  arguments, result and errors are resnet20's (`models.build` describes them)."""
   num_classes, input_shape, projection_dim, decomposed, num_atoms = common.check_common_args(
       num_classes, input_shape, projection_dim, decomposed, num_atoms)
   convs = common.Convs(decomposed, num_atoms, init)
