@@ -619,6 +619,7 @@ class AccountedDpFactory(tff.aggregators.UnweightedAggregationFactory):
     return tff.templates.AggregationProcess(init_fn, next_fn)
 
 
+# Seven parameters: TFF's DP factory's settings and the accountant's (clients, delta, rounds).
 def dp_aggregator(noise_multiplier: float, clients_per_round: int, num_clients: int,
                   target_delta: Optional[float] = None, max_rounds: int = 10000,
                   zeroing: bool = True, clip: Optional[float] = None) -> AccountedDpFactory:
