@@ -498,9 +498,8 @@ def dp_epsilons(noise_multiplier: float, clients_per_round: int, num_clients: in
   denominator, as TFF's DP mean). Under replace-one, swapping one client's clipped update (norm
   <= C) for another moves the sum by up to 2C, while the noise is noise_multiplier x C: in units
   of the sensitivity, which dp_accounting's Gaussian event takes, the multiplier is
-  noise_multiplier / 2 (before ae2f1ca it was passed whole, which understated epsilon 6x: 14.05
-  instead of 83.9 for z = 1, 10 of 100 clients, 100 rounds, delta 1e-5). RDP composes
-  additively, so one round is computed once.
+  noise_multiplier / 2 (passed whole, it would understate epsilon several times over). RDP
+  composes additively, so one round is computed once.
   """
   import dp_accounting  # pylint: disable=g-import-not-at-top
   from dp_accounting.rdp import rdp_privacy_accountant as rdp  # pylint: disable=g-import-not-at-top
