@@ -101,6 +101,7 @@ def hparams_class(name: str) -> type:
   return algorithm_class(name).HParams
 
 
+# Seven parameters: the algorithm, its model and client settings, then run facts some need.
 def build(name: str, model_fn: Callable, config: ClientConfig = ClientConfig(),
           regularizer: Optional[Callable] = None, hparams=None, *,
           num_clients: Optional[int] = None, local_epochs: int = 1,

@@ -264,6 +264,7 @@ class Algorithm:
     return {}
 
   # ---- helpers ----
+  # Seven parameters: local_train's optional hooks, each passed by name by the algorithm using it.
   def _train(self, ws, start_weights, dataset, extra_loss=None, grad_correction=None,
              logit_adjustment=None, sam_rho=0.0):
     return client_update.local_train(ws, start_weights, dataset, self.config, self.regularizer,

@@ -679,9 +679,8 @@ def dp_epsilons(noise_multiplier: float, clients_per_round: int, num_clients: in
   denominator, as TFF's DP mean). Under replace-one, swapping one client's clipped update (norm
   <= C) for another moves the sum by up to 2C, while the noise is noise_multiplier x C: in units
   of the sensitivity, which dp_accounting's Gaussian event takes, the multiplier is
-  noise_multiplier / 2 (passed whole, it would understate epsilon: 14.05 instead of 83.9 for z = 1,
-  10 of 100 clients, 100 rounds, delta 1e-5). RDP composes additively, so one round is computed
-  once.
+  noise_multiplier / 2 (passed whole, it would understate epsilon several times over). RDP
+  composes additively, so one round is computed once.
 
   Args:
     noise_multiplier: the Gaussian noise's std over the clip norm (z); 0 or less: no noise.
@@ -851,6 +850,7 @@ class AccountedDpFactory(tff.aggregators.UnweightedAggregationFactory):
     return tff.templates.AggregationProcess(init_fn, next_fn)
 
 
+# Seven parameters: TFF's DP factory's settings and the accountant's (clients, delta, rounds).
 def dp_aggregator(noise_multiplier: float, clients_per_round: int, num_clients: int,
                   target_delta: Optional[float] = None, max_rounds: int = 10000,
                   zeroing: bool = True, clip: Optional[float] = None) -> AccountedDpFactory:

@@ -26,6 +26,7 @@ def _out(n, k, s, p=0):
   return (n + 2 * p - k) // s + 1
 
 
+# Seven parameters: a keras.applications-style builder, one explicit argument per choice.
 def alexnet_bn(num_classes: int, input_shape: Sequence[int], projection_dim: Optional[int] = None,
                decomposed: bool = False, num_atoms: Optional[int] = None,
                hidden_dim: int = 4096, init: str = 'torch') -> tf.keras.Model:

@@ -112,6 +112,7 @@ class Convs:
     return dict(kernel_initializer=kernel_initializer(self.init, fan_in),
                 bias_initializer=bias_initializer(self.init, fan_in))
 
+  # Seven parameters: one per convolution setting, as keras.layers.Conv2D takes them.
   def conv(self, x, filters: int, kernel_size: int, strides: int = 1, padding: int = 0,
            use_bias: bool = False, name: Optional[str] = None):
     fan_in = int(x.shape[-1]) * kernel_size * kernel_size

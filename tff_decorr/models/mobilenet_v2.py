@@ -30,6 +30,7 @@ CONFIG = ((1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3,
           (6, 160, 3, 2), (6, 320, 1, 1))
 
 
+# Seven parameters: one per column of the paper's block table, plus the input and a name.
 def _block(x, convs: common.Convs, in_ch: int, out_ch: int, expansion: int, stride: int,
            name: str):
   hidden = expansion * in_ch

@@ -59,6 +59,7 @@ def _basic_block(x, convs: common.Convs, out_ch: int, stride: int, option: str, 
   return tf.keras.layers.ReLU(name=f'{name}_out')(y)
 
 
+# Ten parameters: the public builders' arguments and the architecture they fix, passed through.
 def _resnet(name, widths, blocks, option, num_classes, input_shape, projection_dim, decomposed,
             num_atoms, init):
   num_classes, input_shape, projection_dim, decomposed, num_atoms = common.check_common_args(

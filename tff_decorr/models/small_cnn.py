@@ -16,6 +16,7 @@ import tensorflow as tf
 from tff_decorr.models import common
 
 
+# Eight parameters: a keras.applications-style builder, one explicit argument per choice.
 def small_cnn(num_classes: int, input_shape: Sequence[int], projection_dim: Optional[int] = None,
               decomposed: bool = False, num_atoms: Optional[int] = None, width: int = 32,
               representation_dim: int = 64, init: str = 'keras') -> tf.keras.Model:

@@ -53,6 +53,7 @@ class LocalModels:
   as `local_effective_rank` / `local_num_significant_sv` next to the global model's.
   """
 
+  # Seven parameters: the run's parts the tracker reads, then its two options.
   def __init__(self, exp, evaluator, test_dataset, clients, rounds, track: bool = False,
                max_examples: Optional[int] = 10000):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top

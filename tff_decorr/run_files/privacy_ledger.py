@@ -377,6 +377,7 @@ class RecordingRuntime:
   directory's own copy, and counted in the run directory's record (`known`: the releases on the
   data known at the start)."""
 
+  # Seven parameters: the run facts each ledger entry records, keyword-only.
   def __init__(self, runtime, ledger: Ledger, *, run: str, noise_multiplier: float,
                clients_per_round: int, num_clients: int, known: int = 0):
     self._runtime = runtime
