@@ -1,7 +1,8 @@
 """No library function is longer than 80 lines, or takes more than 6 parameters without a reason.
 
 Reads every .py file under tff_decorr/, tasks/ and bin/ with `ast`. A function's length is its
-`def` line to its last line (decorators excluded, nested functions included in their parent's);
+`def` line to its last line (decorators excluded, nested functions included in their parent's),
+less its docstring: a contract's Args / Returns / Raises is never a reason to split a function;
 its parameters are its named ones (positional, keyword-only; `self`/`cls` and *args/**kwargs not
 counted). A function may take more parameters when the comment block directly above its `def` (or
 above its first decorator) gives the reason, as `# Seven parameters: <why>`. A function may be
@@ -49,6 +50,14 @@ def _num_params(node: ast.FunctionDef) -> int:
   return len(names)
 
 
+def _docstring_lines(node: ast.FunctionDef) -> int:
+  first = node.body[0]
+  if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+      and isinstance(first.value.value, str)):
+    return first.end_lineno - first.lineno + 1
+  return 0
+
+
 def _comments_above(lines: list, node: ast.FunctionDef) -> list:
   """The block of comment lines directly above the function's def (or its first decorator)."""
   i = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 2
@@ -67,7 +76,7 @@ def oversized(source: str, path: str = '<source>') -> list:
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
       continue
     where = f'{path}:{node.lineno} {node.name}'
-    length = node.end_lineno - node.lineno + 1
+    length = node.end_lineno - node.lineno + 1 - _docstring_lines(node)
     if length > MAX_LINES and f'{path}:{node.name}' not in ALLOWED_LONG:
       found.append(f'{where}: {length} lines (at most {MAX_LINES})')
     params = _num_params(node)
@@ -97,6 +106,12 @@ class OversizedTest(absltest.TestCase):
   def test_lines(self):
     self.assertEqual(oversized(self._function('a', 79)), [])  # 80 lines with the def
     self.assertEqual(oversized(self._function('a', 80)), ['<source>:1 f: 81 lines (at most 80)'])
+
+  def test_docstring_not_counted(self):
+    doc = '  """Contract.\n\n  Args:\n    a: one.\n  """'
+    with_doc = self._function('a', 79).replace('def f(a):', 'def f(a):\n' + doc)
+    self.assertEqual(oversized(with_doc), [])
+    self.assertLen(oversized(with_doc.replace('  x = 1', '  x = 1\n  x = 2', 1)), 1)
 
   def test_parameters(self):
     self.assertEqual(oversized(self._function('abcdef', 1)), [])
