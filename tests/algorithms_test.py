@@ -835,7 +835,8 @@ def train_digits(name, rounds, tmp, **settings):
   with open(os.path.join(c.output_dir, 'metrics.csv')) as f:
     losses = [float(r['train_loss']) for r in csv.DictReader(f)]
   alg = composition.Experiment(c, log=lambda s: None).algorithm
-  saved = run_directory.load_checkpoint(c.output_dir, alg.initial_server_state(alg.initial_weights()))
+  saved = run_directory.load_checkpoint(c.output_dir,
+                                        alg.initial_server_state(alg.initial_weights()))
   return summary, losses, saved['server_state'], alg
 
 
