@@ -29,6 +29,7 @@ import tensorflow_federated as tff
 from tff_decorr.tasks import client_data
 from tff_decorr.run_files import checkpoint_files
 from tff_decorr.configs import cli
+from tff_decorr.configs import config as config_lib
 from tff_decorr.run_files import client_state
 from tff_decorr.run import round_loop
 from tff_decorr.run_files import metrics_log
@@ -72,6 +73,23 @@ class StubRuntime:
     loss = np.nan if r == self.nan_in_round else 1.0
     states = [{'visits': np.int32(s['visits'] + 1)} for s in client_states]
     return {'weights': [w]}, states, {'loss_sum': loss * 10, 'examples': 10.0}
+
+
+class LoopConfigTest(absltest.TestCase):
+
+  def test_the_loops_settings_are_the_configs(self):
+    c = config_lib.make(task='digits', num_clients=6, clients_per_round=3, seed=7, eval_every=2,
+                        export_every=4, rounds=9)
+    loop = round_loop.LoopConfig.from_config(c)
+    self.assertEqual((loop.num_clients, loop.clients_per_round, loop.seed, loop.eval_every,
+                      loop.export_every, loop.overlap_evaluation), (6, 3, 7, 2, 4, True))
+    # Each round's clients: 3 distinct of the 6, each with the seed its id and round give.
+    inputs = loop.client_inputs(5)
+    ids = [int(cid) for cid, _ in inputs]
+    self.assertEqual((len(set(ids)), ids), (3, sorted(ids)))
+    self.assertTrue(all(0 <= i < 6 for i in ids))
+    self.assertEqual([s for _, s in inputs], [round_loop.client_seed(7, 5, i) for i in ids])
+    self.assertNotEqual(inputs, loop.client_inputs(6))
 
 
 class ProgramTest(absltest.TestCase):
