@@ -154,7 +154,7 @@ def _round_hooks(exp: composition.Experiment, directory: run_directory.RunDirect
     from tff_decorr.run import collapse_tracking  # pylint: disable=g-import-not-at-top
     if config.track_collapse:
       hooks.on_round_end = collapse_tracking.tracker(exp, evaluator, test_ds, config.eval_every,
-                                                     config.rounds)
+                                                     directory.rounds)
     hooks.before_round = collapse_tracking.LocalModels(exp, evaluator, test_ds, save_local_models,
                                                        local_rounds, track=config.track_collapse)
   return hooks
