@@ -24,8 +24,9 @@ from tff_decorr.algorithms import workspace
 from tff_decorr.federated import tff_context
 from tff_decorr.configs import config
 from tff_decorr.run import composition
-from tff_decorr.run import round_loop
 from tff_decorr.run import training
+from tff_decorr.run_files import metrics_log
+from tff_decorr.run_files import run_directory
 from tff_decorr.runtimes import tf_runtime
 
 DATA = testing.synthetic_clients()  # sizes 10, 6, 14, 8 -> 3, 2, 4, 2 batches of 4
@@ -834,7 +835,8 @@ def train_digits(name, rounds, tmp, **settings):
   with open(os.path.join(c.output_dir, 'metrics.csv')) as f:
     losses = [float(r['train_loss']) for r in csv.DictReader(f)]
   alg = composition.Experiment(c, log=lambda s: None).algorithm
-  saved = round_loop.load_checkpoint(c.output_dir, alg.initial_server_state(alg.initial_weights()))
+  saved = run_directory.load_checkpoint(c.output_dir,
+                                        alg.initial_server_state(alg.initial_weights()))
   return summary, losses, saved['server_state'], alg
 
 
@@ -1058,11 +1060,11 @@ class ServerMetricsTest(tf.test.TestCase):
     with open(os.path.join(c.output_dir, 'metrics.csv')) as f:
       rows = list(csv.DictReader(f))
     # pylint: disable=protected-access
-    tb = round_loop._tensorboard_rows(os.path.join(c.output_dir, 'tensorboard'), [1, 2])
+    tb = metrics_log._tensorboard_rows(os.path.join(c.output_dir, 'tensorboard'), [1, 2])
     alg = composition.Experiment(c, log=lambda s: None).algorithm
-    structure = round_loop._checkpoint_structure(alg.initial_server_state(alg.initial_weights()))
+    structure = run_directory.checkpoint_structure(alg.initial_server_state(alg.initial_weights()))
     # pylint: enable=protected-access
-    manager = round_loop.checkpoint_manager(c.output_dir)
+    manager = run_directory.checkpoint_manager(c.output_dir)
     states = {r: asyncio.run(manager.load(r, structure))['server_state'] for r in (1, 2)}
     return rows, tb, states
 

@@ -18,7 +18,7 @@ import tensorflow as tf
 from tff_decorr import models
 from tff_decorr.run_files import export
 from tff_decorr.run_files import graph_check
-from tff_decorr.run import round_loop
+from tff_decorr.run_files import run_directory
 
 
 class _TableThief(tf.Module):
@@ -124,7 +124,7 @@ class RefusedTest(absltest.TestCase):
     with self.assertRaisesRegex(graph_check.UnsafeGraphError, r'^the checkpoint .*round_1 '
                                 r'contains operations tff_decorr never writes: .*ReaderReadV2 '
                                 r'\(reads files\).*WholeFileReaderV2 \(reads files\)'):
-      round_loop.newest_checkpoint_round(run)
+      run_directory.newest_checkpoint_round(run)
 
 
 class ProjectExportsTest(absltest.TestCase):

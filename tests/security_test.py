@@ -22,7 +22,7 @@ from tff_decorr.algorithms import testing
 from tff_decorr.run_files import client_state
 from tff_decorr.run_files import export
 from tff_decorr.run_files import graph_check
-from tff_decorr.run import round_loop
+from tff_decorr.run_files import run_directory
 from tff_decorr.studies import report
 
 _MARKER = os.path.join(tempfile.gettempdir(), f'security_test_pickle_ran_{os.getpid()}')
@@ -111,7 +111,7 @@ class SavedModelScanTest(absltest.TestCase):
     shutil.copytree(self.hostile, os.path.join(run, 'checkpoints', 'round_1'))
     with self.assertRaisesRegex(graph_check.UnsafeGraphError, r'the checkpoint .*round_1 contains '
                                 'operations tff_decorr never writes: .*ReadFile'):
-      round_loop.newest_checkpoint_round(run)
+      run_directory.newest_checkpoint_round(run)
     self.assertFalse(os.path.exists(self.stolen))
     # Control: loading and calling it does read and write (the scan is not refusing a no-op).
     tf.saved_model.load(self.hostile).signatures['serving_default'](images=tf.zeros([1, 8, 8, 1]))
@@ -129,9 +129,9 @@ class SavedModelScanTest(absltest.TestCase):
     run = os.path.join(self.tmp, 'ckpt_run')
     state = {'round': 1, 'server_state': {'weights': weights}, 'best_accuracy': np.float64(0.5),
              'best_round': 1, 'last_accuracy': np.float64(0.5)}
-    asyncio.run(round_loop.checkpoint_manager(run).save(state, 1))
+    asyncio.run(run_directory.checkpoint_manager(run).save(state, 1))
     self.assertEqual(os.listdir(os.path.join(run, 'checkpoints', 'round_1')), ['state.npz'])
-    self.assertEqual(round_loop.newest_checkpoint_round(run), 1)
+    self.assertEqual(run_directory.newest_checkpoint_round(run), 1)
 
 
 class _Page(html.parser.HTMLParser):

@@ -18,7 +18,7 @@ from tff_decorr.collapse import analysis
 
 def tracker(exp, evaluator, test_dataset, eval_every: int, rounds: int,
             max_examples: Optional[int] = 10000) -> Callable[[int, object], dict]:
-  """Returns an `on_round_end(round, server_state) -> metrics` hook for `round_loop.run`.
+  """Returns an `on_round_end(round, server_state) -> metrics` hook (`round_loop.RoundHooks`).
 
   It reuses the evaluator's Keras model, whose weights the evaluation of the same round has just
   set to the global model's (the program evaluates before calling this hook).

@@ -1,6 +1,6 @@
 """TensorBoard's HParams dashboard: what a run and a study write for it.
 
-A run (round_loop.py, in its tensorboard/ directory) writes its hyper-parameters once per start, as
+A run (metrics_log.py, in its tensorboard/ directory) writes its hyper-parameters once per start, as
 the hparams plugin's session-start record (`hp.hparams`), and its final and best test accuracy when
 it finishes, as scalars named by `METRICS`. A study (bin/study, study.py) writes at its root the
 experiment configuration (`hp.hparams_config`): its axes, the grid's flags that differ between runs,
@@ -22,14 +22,15 @@ from typing import Any, Dict, Mapping, Sequence, Tuple, Union
 Value = Union[bool, int, float, str]
 
 # (scalar tag, what the dashboard calls it). final_/best_ are written by the run when it finishes;
-# train_loss is the per-round scalar round_loop.Metrics writes (the dashboard shows its last value).
+# train_loss is the per-round scalar metrics_log.Metrics writes (the dashboard shows its last
+# value).
 METRICS: Tuple[Tuple[str, str], ...] = (
     ('final_test_accuracy', 'final test accuracy'),
     ('best_test_accuracy', 'best test accuracy'),
     ('best_round', 'round of the best test accuracy'),
     ('train_loss', 'last training loss'),
 )
-# The scalars a run writes once, at its end (not per round: round_loop.repair_metrics skips them).
+# The scalars a run writes once, at its end (not per round: metrics_log.repair_metrics skips them).
 FINAL_TAGS = ('final_test_accuracy', 'best_test_accuracy', 'best_round')
 # Where a run reads and writes, and how it reaches its workers: not hyper-parameters.
 NOT_HPARAMS = ('output_dir', 'data_dir', 'cache_dir', 'workers',
