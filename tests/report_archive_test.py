@@ -1,5 +1,5 @@
 """bin/report's collapse measures over rounds and its archive (tff_decorr/studies/run_spectra.py,
-report.archive), over a tiny real study on the embedded digits task.
+archive.py), over a tiny real study on the embedded digits task.
 
 The study exports the global model every round and client 0's local model of round 2
 (--export_every=1 --save_local_models=0 --save_local_rounds=2). The measures are checked against
@@ -155,7 +155,7 @@ class ArchiveTest(absltest.TestCase):
           self.assertTrue(cell.startswith('not reached'), cell)
 
   def test_archiving_again_keeps_what_the_running_sitting_recorded(self):
-    from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
+    from tff_decorr.studies import archive  # pylint: disable=g-import-not-at-top
     path = os.path.join(self.archive, 'study.json')
     with open(path) as f:
       before = {c['name']: c for c in json.load(f)['cells']}
@@ -174,7 +174,7 @@ class ArchiveTest(absltest.TestCase):
       cell.pop('wall_time_s', None)
     with open(manifest_path, 'w') as f:
       json.dump(manifest, f)
-    self.assertEqual(sorted(report.archive(self.study_dirs[0], self.archive, log=lambda _: None)),
+    self.assertEqual(sorted(archive.archive(self.study_dirs[0], self.archive, log=lambda _: None)),
                      seed0)
     with open(path) as f:
       after = {c['name']: c for c in json.load(f)['cells']}

@@ -23,7 +23,7 @@ from tff_decorr.run_files import client_state
 from tff_decorr.run_files import export
 from tff_decorr.run_files import graph_check
 from tff_decorr.run import round_loop
-from tff_decorr.studies import report
+from tff_decorr.studies import page
 
 _MARKER = os.path.join(tempfile.gettempdir(), f'security_test_pickle_ran_{os.getpid()}')
 
@@ -152,10 +152,10 @@ class ReportTest(absltest.TestCase):
 
   def test_report_html_escapes_run_text_and_has_no_script(self):
     hostile = '<script>alert(1)</script><img src=x onerror=alert(2)>'
-    page = report.html_page(f'Study {hostile}', ['regularizer', 'accuracy'],
-                            [[hostile, '61.2 ± 0.4']], [f'note {hostile}'], {})
+    text = page.html_page(f'Study {hostile}', ['regularizer', 'accuracy'],
+                          [[hostile, '61.2 ± 0.4']], [f'note {hostile}'], {})
     parser = _Page()
-    parser.feed(page)
+    parser.feed(text)
     self.assertNotIn('script', parser.tags)
     self.assertNotIn('img', parser.tags)  # no figures were given; the hostile one is text
     self.assertIn(hostile, ''.join(parser.text))  # shown as text, intact
