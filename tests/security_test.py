@@ -18,6 +18,7 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
+from tests import testutil
 from tff_decorr.algorithms import testing
 from tff_decorr.run_files import client_state
 from tff_decorr.run_files import export
@@ -74,12 +75,11 @@ class _Snoop(tf.Module):
             'representation': tf.zeros([tf.shape(images)[0], 4])}
 
 
-class SavedModelScanTest(absltest.TestCase):
+class SavedModelScanTest(testutil.ClassTempDir, absltest.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.tmp = tempfile.mkdtemp()
     cls.secret = os.path.join(cls.tmp, 'secret.txt')
     with open(cls.secret, 'w') as f:
       f.write('private')
@@ -88,11 +88,6 @@ class SavedModelScanTest(absltest.TestCase):
     cls.hostile = os.path.join(cls.tmp, 'hostile')
     tf.saved_model.save(module, cls.hostile,
                         signatures={'serving_default': module.__call__})
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.tmp, ignore_errors=True)
-    super().tearDownClass()
 
   def test_a_savedmodel_that_reads_files_is_refused_before_loading(self):
     refused = dict(graph_check.unsafe_operations(self.hostile))
