@@ -10,8 +10,6 @@ SavedModel left to load.
 import csv
 import json
 import os
-import shutil
-import tempfile
 
 from absl.testing import absltest
 import numpy as np
@@ -35,12 +33,11 @@ def _effective_rank(eig):
   return float(np.exp(-np.sum(p * np.log(p))))
 
 
-class ArchiveTest(absltest.TestCase):
+class ArchiveTest(testutil.ClassTempDir, absltest.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.tmp = tempfile.mkdtemp()
     cls.archive = os.path.join(cls.tmp, 'archive')
     # Two sittings, as on two machines: each a study of one seed, archived into one directory.
     cls.study_dirs = [os.path.join(cls.tmp, f'study{seed}') for seed in (0, 1)]
@@ -58,11 +55,6 @@ class ArchiveTest(absltest.TestCase):
         '--thresholds=20,95'), 'bin/report on the archive')
     from tff_decorr.tasks import registry  # pylint: disable=g-import-not-at-top
     cls.images = np.concatenate([x.numpy() for x, _ in registry.get('digits').test_dataset(None)])
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.tmp, ignore_errors=True)
-    super().tearDownClass()
 
   def _runs(self):
     return sorted(n for d in self.study_dirs for n in os.listdir(os.path.join(d, 'runs')))
