@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 
 from absl.testing import absltest
 from matplotlib import colors as mcolors
@@ -43,12 +42,11 @@ def _effective_rank(saved_model, images):
   return float(np.exp(-np.sum(p * np.log(p))))
 
 
-class ReportTest(absltest.TestCase):
+class ReportTest(testutil.ClassTempDir, absltest.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.tmp = tempfile.mkdtemp()
     cls.study_dir = os.path.join(cls.tmp, 'study')
     common = [f'--study_dir={cls.study_dir}', '--regularizer=none,feddecorr', *_TINY,
               f'--cache_dir={os.path.join(cls.tmp, "cache")}']
@@ -82,11 +80,6 @@ class ReportTest(absltest.TestCase):
   def _finished(self, regularizer):
     return [(n, s) for n, c, s in self.runs
             if c['regularizer'] == regularizer and s is not None and s['final_round'] == 2]
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.tmp, ignore_errors=True)
-    super().tearDownClass()
 
   def test_table_mean_and_std_over_the_runs_own_summaries(self):
     self.assertEqual(set(self.rows), {'none', 'feddecorr'})
@@ -391,7 +384,7 @@ class GroupTest(absltest.TestCase):
                      (['regularizer', 'feddecorr_beta'], ['dirichlet_alpha']))
 
 
-class FiguresTest(absltest.TestCase):
+class FiguresTest(testutil.ClassTempDir, absltest.TestCase):
   """bin/report's figures and LaTeX from runs built here: 2 algorithms x 2 regularisers x 2
   --dirichlet_alpha x 2 seeds, with curves and spectra of very different scales."""
 
@@ -400,7 +393,6 @@ class FiguresTest(absltest.TestCase):
     super().setUpClass()
     from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
     from tff_decorr.studies import figures  # pylint: disable=g-import-not-at-top
-    cls.tmp = tempfile.mkdtemp()
     cls.axes = ['dirichlet_alpha', 'algorithm', 'regularizer', 'fedprox_mu', 'seed']
     rng = np.random.default_rng(0)
     runs = []
@@ -428,11 +420,6 @@ class FiguresTest(absltest.TestCase):
     cls.rows = aggregate.group(runs, cls.axes)
     cls.curves = figures.curves(cls.rows, cls.axes)
     cls.spectra = figures.spectra_panels(cls.rows, cls.axes)
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.tmp, ignore_errors=True)
-    super().tearDownClass()
 
   @staticmethod
   def _drawn(fig):
