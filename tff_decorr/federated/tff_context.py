@@ -265,8 +265,8 @@ class WorkerProcess:
 
   def _start(self, socket_path: Optional[str], timeout: float) -> None:
     # The worker's own TensorFlow reads TF_ENABLE_ONEDNN_OPTS at start-up (tf_env: on unless the
-    # user set it; docs/benchmarks.md §7 verifies that the worker honours it). The dynamic loader's
-    # variables are dropped on every path: on loopback, LD_PRELOAD is the library alone.
+    # user set it; docs/benchmarks.md §1, "oneDNN", measures what it is worth). The dynamic
+    # loader's variables are dropped on every path: on loopback, LD_PRELOAD is the library alone.
     env = loopback.worker_environment(tf_env.worker_environment(), self._library)
     if self.isolation == 'namespace':
       if socket_path is None:

@@ -3,9 +3,9 @@
 
 The run from start to end: this module builds the run directory's owner
 (tff_decorr.run_files.run_directory.RunDirectory: lock, compare, resume, config.json once every
-check has passed, summary.json), has the run's pieces composed (tff_decorr.run.composition: data, model,
-algorithm, runtime) and hands them to the round loop (tff_decorr.run.round_loop: sample, train,
-evaluate, commit).
+check has passed, summary.json), has the run's pieces composed (tff_decorr.run.composition: data,
+model, algorithm, runtime) and hands them to the round loop (tff_decorr.run.round_loop: sample,
+train, evaluate, commit). The directory's lock is released when train returns or raises.
 """
 
 from __future__ import annotations
@@ -227,6 +227,18 @@ def train(config: config_lib.Config, *, overwrite: bool = False,
                                          config=config.to_dict(), log=log, timer=timer)
   # Lock and compare first; config.json is written only once every check has passed (_compose).
   resumed = directory.prepare(overwrite=overwrite, migrate=config_lib.migrate_dict)
+  try:  # The lock is released when train returns or raises: a caller may train again.
+    return _train_locked(config, directory, resumed, overwrite, save_local_models, local_rounds,
+                         setup_start)
+  finally:
+    directory.unlock()
+
+
+# Seven parameters: train's own and what it prepared (the locked directory, whether it resumes).
+def _train_locked(config, directory, resumed, overwrite, save_local_models, local_rounds,
+                  setup_start):
+  """train() once its run directory is locked and compared."""
+  log = directory.log
   finished = directory.finished_summary(_client_exports(config)) if resumed else None
   if finished is not None:
     return _already_complete(directory, finished)
