@@ -22,7 +22,7 @@ matches.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, List, NamedTuple, Optional, Sequence
+from typing import Callable, ClassVar, List, NamedTuple, Optional, Sequence
 
 import tensorflow as tf
 
@@ -47,9 +47,10 @@ METRIC_NAMES = ('loss_sum', 'ce_sum', 'reg_sum', 'extra_sum', 'correct', 'exampl
 class ClientConfig(hparams.HParams):
   """The client optimiser: the reference's per-client SGD (coupled L2, PyTorch-style momentum).
 
-  Declared like every component's settings (tff_decorr.hparams): one place for defaults, help and
-  validation, whose errors name bin/train's flags (`--client_lr`, `--momentum`, `--weight_decay`);
-  a run's Config builds it once (`Config.client_optimizer`).
+  A component every run has, declared like every component's settings (tff_decorr.hparams): one
+  place for defaults, help and validation. A run's Config holds it in `hparams['sgd']`
+  (`Config.client_optimizer`); its flags and errors keep the names they had as generic settings,
+  `--client_lr`, `--momentum` and `--weight_decay`.
 
   Args:
     lr: the learning rate, > 0 (`--client_lr`).
@@ -59,6 +60,9 @@ class ClientConfig(hparams.HParams):
   Raises:
     ValueError: a value out of range or not a finite number (the message names the flag).
   """
+  component: ClassVar[str] = 'sgd'
+  flag_prefix: ClassVar[str] = ''  # --client_lr (the field's `flag`), --momentum, --weight_decay
+
   lr: float = hparams.field(0.01, 'Client SGD learning rate.', minimum=0.0, min_exclusive=True,
                             flag='client_lr')
   momentum: float = hparams.field(0.9, 'Client SGD momentum (PyTorch form: buf = m buf + g).',

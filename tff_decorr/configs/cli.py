@@ -248,7 +248,7 @@ def define_train_flags(fv) -> list:
   flags.DEFINE_integer('local_epochs', None, f'Local epochs per round ({_T}).', **d)
   flags.DEFINE_integer('batch_size', None, f'Client batch size ({_T}).', **d)
   # The client optimiser's flags (--client_lr, --momentum, --weight_decay) from its one
-  # declaration, algorithms.ClientConfig.
+  # declaration, algorithms.ClientConfig (the run's 'sgd' component).
   for spec in table['client']:
     flags.DEFINE_float(spec['name'], None, f'{spec["help"].rstrip(".")} ({_T}).', **d)
   flags.DEFINE_integer('seed', 0, 'Seed of partition, initial model, sampling and augmentation.',

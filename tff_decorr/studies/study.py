@@ -249,7 +249,8 @@ def make_plan(grid: Mapping[str, Sequence[str]]) -> Plan:
     generic = config_lib.generic_values(
         task, {n: fv[n].value for n in config_lib.GENERIC_FIELDS if n in fv})
     for reg in regs:
-      used = {generic['algorithm'], generic['partition'], generic['aggregator'], reg}
+      used = {generic['algorithm'], generic['partition'], generic['aggregator'], reg,
+              *config_lib.FIXED_COMPONENTS.values()}
       cell_flags, not_applied = {}, []
       for k, v in {**combo, 'regularizer': reg}.items():
         if k in component_of and component_of[k] not in used:
