@@ -146,9 +146,9 @@ def os_error_message(e: OSError) -> str:
 def exit_without_finalising(code: int) -> None:
   """Ends a binary that has finished its work at once: runs the exit handlers (worker stop, log
   flushing, the stderr filter's drain) and flushes output, then skips the interpreter's teardown
-  of TensorFlow and TFF, which took 1.5-6 s after every bin/train run here (C++ and module
-  destructors, `bench.speed.run_phases`; nothing left to write: every file of a run is written,
-  flushed and closed by then). Only for a process's main, never from library code."""
+  of TensorFlow and TFF, C++ and module destructors that cost seconds (docs/benchmarks.md §3) and
+  have nothing left to write: every file of a run is written, flushed and closed by then. Only for
+  a process's main, never from library code."""
   import atexit  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   for stream in (sys.stdout, sys.stderr):

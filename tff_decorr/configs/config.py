@@ -208,7 +208,7 @@ _LATER_KINDS = {'aggregator': 'mean'}
 # config.json without one means that value, and at that value it stays out of directory names.
 _LATER_FIELDS = {'fedavgm.bn': 'ema', 'fedexp.evaluate': 'last'}
 # Values of a component setting that stay out of directory names: the value runs had before the
-# setting existed, and a default changed later (fedavgm.bn: 'ema' before 4f05243, 'average' since;
+# setting existed, and a default changed later (fedavgm.bn: 'ema' at first, 'average' since;
 # fedexp.evaluate: the last iterate before the setting existed, the average of the last two since).
 # An old command then finds its old run, and config comparison refuses to resume it under the new
 # default with a message naming the setting (as for `init`); --fedavgm_bn=ema resumes it.
@@ -294,10 +294,9 @@ def choose_runtime(requested: str, workers: str = '',
                    aggregator: str = 'mean') -> Tuple[str, str]:
   """(runtime, why) for `--runtime=requested`. 'auto' is the in-process runtime ('tf') for the
   plain mean: on a GPU (TFF 0.87's worker_binary is CPU-only), and on a CPU, where it trains one
-  client per core at once and a whole run at the fidelity setting took 0.87x the time of TFF's
-  runtime (249 against 287 s, `bench.speed.run_phases --settings=fidelity --runtime=tf|tff`,
-  docs/benchmarks.md §2); no worker process is started. Settings only TFF's runtime
-  executes (--workers, a tff.aggregators factory) make 'auto' choose 'tff', GPU or not."""
+  client per core at once and a whole run is faster than under TFF's runtime (docs/benchmarks.md
+  §2); no worker process is started. Settings only TFF's runtime executes (--workers, a
+  tff.aggregators factory) make 'auto' choose 'tff', GPU or not."""
   if requested != 'auto':
     return requested, f'--runtime={requested}'
   if workers:
@@ -532,7 +531,7 @@ def _nest_client_optimizer(d: dict) -> dict:
 def _add_later_generic(d: dict) -> dict:
   # Runs written before `init` existed built every model with Keras' initialisation: resuming one
   # with today's default (the model's reference initialisation) is refused as a different
-  # configuration, never mixed into it silently (c8b6f6d).
+  # configuration, never mixed into it silently.
   d.setdefault('init', 'keras')
   d.setdefault('precision', 'float32')  # Runs written before `precision` computed in float32.
   return d

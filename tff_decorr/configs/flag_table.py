@@ -2,7 +2,8 @@
 
 The flags are generated from the registries (tasks, models, algorithms, regularisers, partitions,
 aggregators) and the settings each component declares (tff_decorr.hparams), and those registries
-import TensorFlow, about 10 s here before a program could answer `--help` or a mistyped flag.
+import TensorFlow, seconds before a program could answer `--help` or a mistyped flag
+(docs/benchmarks.md §3).
 flag_table.json, beside this file, is that information as data, generated from the registries and
 never edited by hand (`python -m tff_decorr.configs.flag_table` rewrites it); the declarations
 stay where they are. tests/flag_table_test.py fails while the file differs from the registries.
