@@ -27,6 +27,7 @@ one-line error naming the flag.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import sys
@@ -133,6 +134,7 @@ def _write_spectra_csv(path: str, spectra: Mapping[str, np.ndarray]) -> str:
   return path
 
 
+# Eleven parameters: one per bin/analyze flag, all after the first three keyword-only.
 def analyze(models: Mapping[str, tuple[Any, dict]], dataset: Iterable, output_dir: str, *,
             local: Optional[tuple[Any, dict]] = None, global_: Optional[tuple[Any, dict]] = None,
             log10_tau: float = collapse.DEFAULT_LOG10_TAU, top: int = collapse.DEFAULT_TOP,
@@ -143,6 +145,9 @@ def analyze(models: Mapping[str, tuple[Any, dict]], dataset: Iterable, output_di
 
   `probe`: (train dataset, number of classes) to add each model's nearest-class-mean probe
   (analysis.nearest_class_mean_probe, over `dataset` as the test split) to its summary.
+
+  Raises:
+    FlagError: no model, only one of local and global_, or top or gap_k below 1.
   """
   if not models and local is None:
     raise FlagError('--saved_model: nothing to analyse; give --saved_model and/or the '
@@ -154,52 +159,79 @@ def analyze(models: Mapping[str, tuple[Any, dict]], dataset: Iterable, output_di
   if gap_k < 1:
     raise FlagError(f'--gap_k must be positive; got {gap_k}.')
   os.makedirs(output_dir, exist_ok=True)
-  written = {}
+  spectra = _Spectra(dataset, max_examples, log10_tau, top, output_dir)
   summary: dict[str, Any] = {'settings': dict(settings or {}), 'runs': {}}
   summary['settings'].update({'log10_tau': log10_tau, 'top': top, 'max_examples': max_examples})
-
-  spectra = {}
-  for label, (fn, meta) in models.items():
-    stats = analysis.representation_stats(fn, dataset, max_examples)
-    sv = analysis.singular_values(stats.covariance())
-    spectra[label] = sv
-    summary['runs'][label] = dict(analysis.spectrum_summary(sv, log10_tau, top),
-                                  examples=stats.count, metadata=_public(meta))
-    if probe is not None:
-      summary['runs'][label]['probe'] = analysis.nearest_class_mean_probe(
-          fn, probe[0], dataset, probe[1], max_examples)
-  if spectra:
-    written['spectra_csv'] = _write_spectra_csv(os.path.join(output_dir, 'spectra.csv'), spectra)
-    # As bin/report draws spectra: each relative to its largest value, cut at plots.RELATIVE_FLOOR
-    # (the raw values of a float32 covariance run down to 1e-60 and hide the shape that matters).
-    written['spectra_png'] = plots.plot_spectra_panels(
-        {'': [{'label': label, 'sv': sv} for label, sv in spectra.items()]},
-        os.path.join(output_dir, 'spectra.png'), top=top)
-
+  written = _analyze_models(spectra, models, probe, summary)
   if local is not None:
-    sv_local = spectrum(local[0], dataset, max_examples)
-    sv_global = spectrum(global_[0], dataset, max_examples)
-    k = min(gap_k, sv_local.size, sv_global.size)
-    r = analysis.local_global_gap(sv_local, sv_global, k=k)
-    summary['local_global'] = {
-        'k': k,
-        'R': r,
-        'R_normalized': analysis.local_global_gap(sv_local, sv_global, k=k, normalize=True),
-        'rel_floor': analysis.DEFAULT_GAP_REL_FLOOR,
-        'local': dict(analysis.spectrum_summary(sv_local, log10_tau, top), metadata=_public(local[1])),
-        'global': dict(analysis.spectrum_summary(sv_global, log10_tau, top),
-                       metadata=_public(global_[1])),
-    }
-    written['local_global_csv'] = _write_spectra_csv(
-        os.path.join(output_dir, 'local_global.csv'), {'local': sv_local, 'global': sv_global})
-    written['local_vs_global_png'] = plots.plot_local_vs_global(
-        sv_local, sv_global, os.path.join(output_dir, 'local_vs_global.png'), r, top=top)
-
+    written.update(_analyze_local_global(spectra, local, global_, gap_k, summary))
   path = os.path.join(output_dir, 'summary.json')
   with open(path, 'w') as f:
     json.dump(summary, f, indent=2, sort_keys=True)
   written['summary_json'] = path
   return written
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spectra:
+  """The settings every spectrum of one `analyze` call is computed, summarised and written with."""
+  dataset: Iterable
+  max_examples: Optional[int]
+  log10_tau: float
+  top: int
+  output_dir: str
+
+  def summary(self, sv: np.ndarray, meta: Mapping[str, Any]) -> dict:
+    return dict(analysis.spectrum_summary(sv, self.log10_tau, self.top), metadata=_public(meta))
+
+  def path(self, name: str) -> str:
+    return os.path.join(self.output_dir, name)
+
+
+def _analyze_models(spectra: _Spectra, models: Mapping[str, tuple[Any, dict]],
+                    probe: Optional[tuple[Iterable, int]], summary: dict) -> dict[str, str]:
+  """Each model's spectrum into summary['runs'], spectra.csv and spectra.png; returns the files."""
+  svs = {}
+  for label, (fn, meta) in models.items():
+    stats = analysis.representation_stats(fn, spectra.dataset, spectra.max_examples)
+    sv = analysis.singular_values(stats.covariance())
+    svs[label] = sv
+    summary['runs'][label] = dict(spectra.summary(sv, meta), examples=stats.count)
+    if probe is not None:
+      summary['runs'][label]['probe'] = analysis.nearest_class_mean_probe(
+          fn, probe[0], spectra.dataset, probe[1], spectra.max_examples)
+  if not svs:
+    return {}
+  return {
+      'spectra_csv': _write_spectra_csv(spectra.path('spectra.csv'), svs),
+      # As bin/report draws spectra: each relative to its largest value, cut at
+      # plots.RELATIVE_FLOOR (the raw values of a float32 covariance run down to 1e-60 and hide
+      # the shape that matters).
+      'spectra_png': plots.plot_spectra_panels(
+          {'': [{'label': label, 'sv': sv} for label, sv in svs.items()]},
+          spectra.path('spectra.png'), top=spectra.top)}
+
+
+def _analyze_local_global(spectra: _Spectra, local: tuple[Any, dict], global_: tuple[Any, dict],
+                          gap_k: int, summary: dict) -> dict[str, str]:
+  """The local/global gap into summary['local_global'] and its two files; returns the files."""
+  sv_local = spectrum(local[0], spectra.dataset, spectra.max_examples)
+  sv_global = spectrum(global_[0], spectra.dataset, spectra.max_examples)
+  k = min(gap_k, sv_local.size, sv_global.size)
+  r = analysis.local_global_gap(sv_local, sv_global, k=k)
+  summary['local_global'] = {
+      'k': k,
+      'R': r,
+      'R_normalized': analysis.local_global_gap(sv_local, sv_global, k=k, normalize=True),
+      'rel_floor': analysis.DEFAULT_GAP_REL_FLOOR,
+      'local': spectra.summary(sv_local, local[1]),
+      'global': spectra.summary(sv_global, global_[1]),
+  }
+  return {
+      'local_global_csv': _write_spectra_csv(spectra.path('local_global.csv'),
+                                             {'local': sv_local, 'global': sv_global}),
+      'local_vs_global_png': plots.plot_local_vs_global(
+          sv_local, sv_global, spectra.path('local_vs_global.png'), r, top=spectra.top)}
 
 
 def _public(meta: Mapping[str, Any]) -> dict:

@@ -52,7 +52,25 @@ flags.DEFINE_bool('trust_saved_model', False, 'Load a SavedModel tff_decorr did 
 
 def evaluate_saved_model(saved_model: str, task_name, data_dir, batch_size: int,
                          output_dir=None, trust_saved_model: bool = False) -> dict:
-  """Evaluates; returns the report dict (also written to output_dir). Raises ValueError on misuse."""
+  """Evaluates a SavedModel on its task's test set and writes evaluation.json and the confusion
+  matrix's figure.
+
+  Args:
+    saved_model: a SavedModel directory, or a run directory (its final export).
+    task_name: the task; None: the run's config.json, else the SavedModel's metadata.
+    data_dir: where the task's data is prepared; None: the run's, else TFDS's default.
+    batch_size: examples a batch.
+    output_dir: where the report goes; None: <run>/evaluation (or beside the SavedModel).
+    trust_saved_model: allow a foreign SavedModel's own program to run (docs/security.md).
+
+  Returns:
+    The report: test_accuracy, per-class accuracy, confusion matrix, the files written,
+    per-client accuracies of a personalised run.
+
+  Raises:
+    ValueError: misuse (no task known, an unknown task, a model that does not fit the task);
+      export.SavedModelError and graph_check.UnsafeGraphError are ValueErrors too.
+  """
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tff_decorr.tasks import registry as task_registry  # pylint: disable=g-import-not-at-top

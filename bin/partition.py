@@ -46,14 +46,37 @@ _SETTINGS = ('partition', 'dirichlet_alpha', 'pathological_classes_per_client', 
 
 def resolve(task: str, given: Mapping[str, object]):
   """The run configuration bin/train would resolve from the partition settings `given` (explicit
-  flags only): config.make, explicit > the task's defaults > the partition's own defaults."""
+  flags only): config.make, explicit > the task's defaults > the partition's own defaults.
+
+  Args:
+    task: the task's name.
+    given: {setting: value} the user gave (num_clients, seed, partition, its settings).
+
+  Returns:
+    A validated Config.
+
+  Raises:
+    ValueError: an unknown task or setting, or a value out of range.
+  """
   from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   return config_lib.make(task=task, regularizer='none', **given)
 
 
 def partition_counts(config, data_dir):
   """(counts [clients, classes], task) of the partition of the task's train split that a run of
-  `config` trains on."""
+  `config` trains on.
+
+  Args:
+    config: the run's Config.
+    data_dir: where the task's data is prepared (None: TFDS's default).
+
+  Returns:
+    (int counts [clients, classes], the task).
+
+  Raises:
+    ValueError: the domain partition of a task without domains, or a partition that cannot split.
+    tasks.base.DatasetNotFoundError: the task's data is not prepared.
+  """
   from tff_decorr.tasks import registry  # pylint: disable=g-import-not-at-top
   from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import composition  # pylint: disable=g-import-not-at-top

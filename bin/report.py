@@ -24,7 +24,7 @@ configuration took to reach those test accuracies, each figure also as .svg and 
 report.html (all of it on one self-contained page). --archive_dir copies the finished runs' small
 files (spectra included) into a directory that this command reads back as a study. Unfinished runs
 are listed, never averaged in. Bad input exits 2 with one line naming the flag. Logic:
-tff_decorr/studies/report.py.
+tff_decorr/studies/report.py (archive.py for --archive_dir).
 """
 
 from __future__ import annotations
@@ -36,13 +36,15 @@ from typing import Sequence
 from absl import app
 from absl import flags
 
-# Nothing imported here imports TensorFlow (report is loaded on first use): --help and a mistyped
-# flag answer at once; cli.parse_flags_or_exit imports TensorFlow once they are parsed.
+# Nothing imported here imports TensorFlow (the studies' modules load on first use): --help and a
+# mistyped flag answer at once; cli.parse_flags_or_exit imports TensorFlow once they are parsed.
 from tff_decorr import lazy
 from tff_decorr import tf_env
 from tff_decorr.configs import cli
 from tff_decorr.studies import study
 
+aggregate = lazy.lazy_module('tff_decorr.studies.aggregate')
+archive = lazy.lazy_module('tff_decorr.studies.archive')
 report = lazy.lazy_module('tff_decorr.studies.report')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -104,14 +106,15 @@ def _main(arguments: Sequence[str]) -> int:
                              '(0, 100]; give e.g. --thresholds=20,25,30.')
     thresholds.append(value / 100)
   # Bad input fails before anything is created.
-  manifest = (report.manifest_of_runs(run_dirs) if run_dirs else study.read_manifest(study_dir))
+  manifest = (aggregate.manifest_of_runs(run_dirs) if run_dirs else study.read_manifest(study_dir))
   if _ARCHIVE_DIR.value:
     archive_dir = cli.user_path(_ARCHIVE_DIR.value)
     cli.ensure_writable_dir(archive_dir)
-    names = report.archive(study_dir, archive_dir, data_dir=cli.user_path(_DATA_DIR.value or '')
-                           or None, max_examples=_MAX_EXAMPLES.value or None,
-                           batch_size=_BATCH_SIZE.value, log=lambda s: print(s, flush=True),
-                           manifest=manifest)
+    source = aggregate.SpectraInput(data_dir=cli.user_path(_DATA_DIR.value or '') or None,
+                                    max_examples=_MAX_EXAMPLES.value or None,
+                                    batch_size=_BATCH_SIZE.value)
+    names = archive.archive(study_dir, archive_dir, source, log=lambda s: print(s, flush=True),
+                            manifest=manifest)
     print(f'archived {len(names)} finished run(s) of {study_dir or ", ".join(run_dirs)} in '
           f'{archive_dir}; report: python -m bin.report --study_dir={archive_dir}')
     return 0

@@ -14,6 +14,7 @@ stateless functions of (round seed, epoch, position), identical wherever the gra
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -167,6 +168,8 @@ def _bad_cache(directory: str, digest: str, num_clients: int) -> list:
 MATERIALIZE_BYTES = 64 << 20
 
 
+# Eight parameters: the task's data settings (shape, batch, preprocessing, augmentation, epochs)
+# are each the caller's own choice; tasks.base.Task passes them by name.
 def make_client_dataset_fn(shard_dir: str, image_shape: Sequence[int], batch_size: int,
                            preprocess: Callable[[tf.Tensor], tf.Tensor],
                            augment: Optional[Callable[[tf.Tensor, tf.Tensor], tf.Tensor]] = None,
@@ -184,71 +187,85 @@ def make_client_dataset_fn(shard_dir: str, image_shape: Sequence[int], batch_siz
   - small (epochs x examples x input bytes <= `materialize_bytes`): every epoch's augmented,
     preprocessed examples are computed when the dataset is made (tf.map_fn over the examples) and
     sliced into batches. No tf.data function: a new iterator over a dataset with `map` or
-    `flat_map` instantiates and optimises their functions again, about 80 ms of CPU per client
-    (measured for a 10-image client), which is what many small clients pay every round;
+    `flat_map` instantiates and optimises their functions again, a CPU cost that many small
+    clients would pay every round;
   - large: a stream (one epoch after another, examples mapped in parallel), so memory stays a few
     batches whatever the client's size, and augmentation overlaps training.
   `preprocess` must give the same bits in a tf.data function and in a graph (tasks.base.Task's
-  does: one multiply-add, which graph optimisation leaves alone); client_data_test checks both
-  ways agree bit for bit.
+  does: one multiply-add, which graph optimisation leaves alone).
+
+  Raises:
+    ValueError: batch_size or epochs below 1.
   """
   if batch_size < 1:
     raise ValueError(f'--batch_size must be >= 1, got {batch_size}.')
   if epochs < 1:
     raise ValueError(f'--local_epochs must be >= 1, got {epochs}.')
-  image_shape = [int(d) for d in image_shape]
-  shard_dir = os.path.abspath(shard_dir)
-  example_bytes = 4 * int(np.prod(image_shape))
+  return _ClientDatasets(os.path.abspath(shard_dir), [int(d) for d in image_shape], batch_size,
+                         preprocess, augment, epochs, drop_remainder, materialize_bytes)
 
-  def parse(record):
+
+@dataclasses.dataclass(frozen=True, eq=False)  # Hashed by identity, as the closure it replaced.
+class _ClientDatasets:
+  """make_client_dataset_fn's function: (client_id, seed) -> the client's batched dataset."""
+  shard_dir: str
+  image_shape: list[int]
+  batch_size: int
+  preprocess: Callable[[tf.Tensor], tf.Tensor]
+  augment: Optional[Callable[[tf.Tensor, tf.Tensor], tf.Tensor]]
+  epochs: int
+  drop_remainder: bool
+  materialize_bytes: int
+
+  def _parse(self, record):
     ex = tf.io.parse_single_example(record, _FEATURES)
-    image = tf.reshape(tf.io.decode_raw(ex['image'], tf.uint8), image_shape)
+    image = tf.reshape(tf.io.decode_raw(ex['image'], tf.uint8), self.image_shape)
     return image, tf.cast(ex['label'], tf.int32)
 
-  def order(n, seed, epoch):
+  @staticmethod
+  def _order(n, seed, epoch):
     return tf.argsort(tf.random.stateless_uniform([n], seed=tf.stack([seed, epoch])))
 
-  def example_seed(seed, epoch, position):
-    return tf.stack([seed, (epoch + 1) * (1 << 32) + position])
+  def _prep(self, image, label, seed, epoch, position):
+    if self.augment is not None:
+      image = self.augment(image, tf.stack([seed, (epoch + 1) * (1 << 32) + position]))
+    return self.preprocess(image), label
 
-  def prep(image, label, seed, epoch, position):
-    if augment is not None:
-      image = augment(image, example_seed(seed, epoch, position))
-    return preprocess(image), label
+  def _batch(self, ds):
+    return ds.batch(self.batch_size, drop_remainder=self.drop_remainder)
 
-  def streamed(images, labels, n, seed):
+  def _streamed(self, images, labels, n, seed):
     def one_epoch(epoch):
-      o = order(n, seed, epoch)
+      o = self._order(n, seed, epoch)
       ds = tf.data.Dataset.from_tensor_slices(
           (tf.gather(images, o), tf.gather(labels, o), tf.range(tf.cast(n, tf.int64))))
       # Parallel but order-preserving: every op is stateless, so the result is the same as serial.
-      return ds.map(lambda image, label, position: prep(image, label, seed, epoch, position),
-                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).batch(
-                        batch_size, drop_remainder=drop_remainder)
-    return tf.data.Dataset.range(epochs).flat_map(one_epoch)
+      return self._batch(
+          ds.map(lambda image, label, position: self._prep(image, label, seed, epoch, position),
+                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True))
+    return tf.data.Dataset.range(self.epochs).flat_map(one_epoch)
 
-  def materialized(images, labels, n, seed):
+  def _materialized(self, images, labels, n, seed):
     ds = None
-    for e in range(epochs):
+    for e in range(self.epochs):
       epoch = tf.constant(e, tf.int64)
-      o = order(n, seed, epoch)
+      o = self._order(n, seed, epoch)
       positions = tf.range(tf.cast(n, tf.int64))
-      x = tf.map_fn(lambda a: prep(a[0], a[1], seed, epoch, a[2])[0],
+      x = tf.map_fn(lambda a: self._prep(a[0], a[1], seed, epoch, a[2])[0],
                     (tf.gather(images, o), tf.gather(labels, o), positions),
                     fn_output_signature=tf.float32)
-      x = tf.ensure_shape(x, [None, *image_shape])
-      epoch_ds = tf.data.Dataset.from_tensor_slices((x, tf.gather(labels, o))).batch(
-          batch_size, drop_remainder=drop_remainder)
+      x = tf.ensure_shape(x, [None, *self.image_shape])
+      epoch_ds = self._batch(tf.data.Dataset.from_tensor_slices((x, tf.gather(labels, o))))
       ds = epoch_ds if ds is None else ds.concatenate(epoch_ds)
     return ds
 
-  def fn(client_id, seed):
-    path = tf.strings.join([shard_dir, '/', client_id, '.tfrecord'])
-    images, labels = tf.data.TFRecordDataset(path).map(parse).batch(1 << 30).get_single_element()
+  def __call__(self, client_id, seed):
+    path = tf.strings.join([self.shard_dir, '/', client_id, '.tfrecord'])
+    images, labels = tf.data.TFRecordDataset(path).map(self._parse).batch(
+        1 << 30).get_single_element()
     n = tf.shape(labels)[0]
     seed = tf.cast(seed, tf.int64)
-    small = tf.cast(n, tf.int64) * (epochs * example_bytes) <= materialize_bytes
-    return tf.cond(small, lambda: materialized(images, labels, n, seed),
-                   lambda: streamed(images, labels, n, seed))
-
-  return fn
+    example_bytes = 4 * int(np.prod(self.image_shape))
+    small = tf.cast(n, tf.int64) * (self.epochs * example_bytes) <= self.materialize_bytes
+    return tf.cond(small, lambda: self._materialized(images, labels, n, seed),
+                   lambda: self._streamed(images, labels, n, seed))

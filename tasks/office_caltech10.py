@@ -20,11 +20,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from typing import Optional
+from typing import Any, Dict, Iterator, Optional
 
 import numpy as np
 
 from tff_decorr.tasks import base
+from tff_decorr.tasks import tfds_builder
 
 DOMAINS = ('amazon', 'caltech', 'dslr', 'webcam')
 CLASSES = ('back_pack', 'bike', 'calculator', 'headphones', 'keyboard', 'laptop_computer',
@@ -32,7 +33,6 @@ CLASSES = ('back_pack', 'bike', 'calculator', 'headphones', 'keyboard', 'laptop_
 IMAGE_SIZE = 64
 TEST_MODULUS = 5  # One image in five (by hash) is a test image.
 _EXTENSIONS = ('.jpg', '.jpeg', '.png')
-_BUILDER = None
 
 MANUAL_DOWNLOAD_INSTRUCTIONS = """\
 Put the Office-Caltech10 images in the manual directory as
@@ -55,65 +55,47 @@ def _load_image(path: str) -> np.ndarray:
     return np.asarray(im, np.uint8)
 
 
-def builder_class():
-  """The TFDS builder class, defined (and registered with TFDS) on first use."""
-  global _BUILDER
-  if _BUILDER is not None:
-    return _BUILDER
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from etils import epath  # pylint: disable=g-import-not-at-top
+def _features(tfds) -> Dict[str, Any]:
+  return {'image': tfds.features.Image(shape=(IMAGE_SIZE, IMAGE_SIZE, 3)),
+          'label': tfds.features.ClassLabel(names=CLASSES),
+          'domain': tfds.features.ClassLabel(names=DOMAINS),
+          'file_name': tfds.features.Text()}
 
-  class OfficeCaltech10(tfds.core.GeneratorBasedBuilder):
-    """Office-Caltech10 from a manual folder tree, resized to 64x64."""
 
-    VERSION = tfds.core.Version('1.0.0')
-    RELEASE_NOTES = {'1.0.0': '64x64, 80/20 split per domain by sha256 of the path.'}
-    MANUAL_DOWNLOAD_INSTRUCTIONS = MANUAL_DOWNLOAD_INSTRUCTIONS
-    # TFDS finds a builder's metadata folder from its module's package, which in a checkout is
-    # mapped onto tasks/ (docs/DESIGN.md, "Packaging") and so has no folder of its own name.
-    pkg_dir_path = epath.Path(os.path.dirname(os.path.abspath(__file__)))
+def _splits(dl_manager) -> Dict[str, Iterator[tfds_builder.Example]]:
+  root = os.fspath(dl_manager.manual_dir)
+  missing = [d for d in DOMAINS if not os.path.isdir(os.path.join(root, d))]
+  if missing:
+    raise FileNotFoundError(f'--manual_dir {root}: missing domain folders {missing}. '
+                            + MANUAL_DOWNLOAD_INSTRUCTIONS)
+  return {'train': _examples(root, False), 'test': _examples(root, True)}
 
-    def _info(self):
-      return self.dataset_info_from_configs(
-          features=tfds.features.FeaturesDict({
-              'image': tfds.features.Image(shape=(IMAGE_SIZE, IMAGE_SIZE, 3)),
-              'label': tfds.features.ClassLabel(names=CLASSES),
-              'domain': tfds.features.ClassLabel(names=DOMAINS),
-              'file_name': tfds.features.Text(),
-          }),
-          supervised_keys=('image', 'label'),
-      )
 
-    def _split_generators(self, dl_manager):
-      root = os.fspath(dl_manager.manual_dir)
-      missing = [d for d in DOMAINS if not os.path.isdir(os.path.join(root, d))]
-      if missing:
-        raise FileNotFoundError(f'--manual_dir {root}: missing domain folders {missing}. '
-                                + MANUAL_DOWNLOAD_INSTRUCTIONS)
-      return {'train': self._generate_examples(root, False),
-              'test': self._generate_examples(root, True)}
+def _examples(root: str, test: bool) -> Iterator[tfds_builder.Example]:
+  for domain in DOMAINS:
+    for cls in CLASSES:
+      folder = os.path.join(root, domain, cls)
+      if not os.path.isdir(folder):
+        raise FileNotFoundError(f'{folder} is missing (every domain has all 10 classes).')
+      for f in sorted(os.listdir(folder)):
+        if f.lower().endswith(_EXTENSIONS) and is_test(domain, cls, f) == test:
+          key = f'{domain}/{cls}/{f}'
+          yield key, {'image': _load_image(os.path.join(folder, f)), 'label': cls,
+                      'domain': domain, 'file_name': key}
 
-    def _generate_examples(self, root, test):
-      for domain in DOMAINS:
-        for cls in CLASSES:
-          folder = os.path.join(root, domain, cls)
-          if not os.path.isdir(folder):
-            raise FileNotFoundError(f'{folder} is missing (every domain has all 10 classes).')
-          for f in sorted(os.listdir(folder)):
-            if f.lower().endswith(_EXTENSIONS) and is_test(domain, cls, f) == test:
-              key = f'{domain}/{cls}/{f}'
-              yield key, {'image': _load_image(os.path.join(folder, f)), 'label': cls,
-                          'domain': domain, 'file_name': key}
 
-  _BUILDER = OfficeCaltech10
-  return _BUILDER
+_BUILDER = tfds_builder.LazyBuilder(tfds_builder.BuilderSpec(
+    class_name='OfficeCaltech10', module=__name__,
+    doc='Office-Caltech10 from a manual folder tree, resized to 64x64.',
+    release_notes='64x64, 80/20 split per domain by sha256 of the path.',
+    instructions=MANUAL_DOWNLOAD_INSTRUCTIONS, features=_features, splits=_splits,
+    manual_help='Folder holding {amazon,caltech,dslr,webcam}/<class>/ images.'))
+builder_class = _BUILDER.builder_class
 
 
 def prepare(data_dir: str, manual_dir: str) -> None:
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  builder = builder_class()(data_dir=data_dir)
-  builder.download_and_prepare(
-      download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+  """Builds the TFDS dataset into `data_dir` from the folder tree `manual_dir`."""
+  _BUILDER.prepare(data_dir, manual_dir)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,14 +140,7 @@ TASK = OfficeCaltech10Task(
 
 
 def main(argv=None):
-  import argparse  # pylint: disable=g-import-not-at-top
-  parser = argparse.ArgumentParser(description='Prepare Office-Caltech10 as a TFDS dataset.')
-  parser.add_argument('--data_dir', required=True, help='TFDS data dir to write into.')
-  parser.add_argument('--manual_dir', required=True,
-                      help='Folder holding {amazon,caltech,dslr,webcam}/<class>/ images.')
-  args = parser.parse_args(argv)
-  prepare(os.path.expanduser(args.data_dir), os.path.expanduser(args.manual_dir))
-  print(f'office_caltech10 prepared in {args.data_dir}')
+  _BUILDER.main('Office-Caltech10', argv)
 
 
 if __name__ == '__main__':

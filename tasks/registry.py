@@ -17,10 +17,26 @@ _TASKS = {t.name: t for t in (digits.TASK, tfds_image.CIFAR10, tfds_image.CIFAR1
 
 
 def names() -> Tuple[str, ...]:
+  """The tasks' names.
+
+  Returns:
+    A tuple of names ('digits', 'cifar10', ...), the `--task` choices.
+  """
   return tuple(_TASKS)
 
 
 def get(name: str) -> base.Task:
+  """The task `name`: its data, model defaults and the paper's settings.
+
+  Args:
+    name: a name in `names()`.
+
+  Returns:
+    Its `base.Task`.
+
+  Raises:
+    ValueError: an unknown name (naming --task and the choices).
+  """
   if name not in _TASKS:
     raise ValueError(f'--task: unknown task {name!r}; choose one of {", ".join(_TASKS)}.')
   return _TASKS[name]

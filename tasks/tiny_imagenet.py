@@ -22,17 +22,16 @@ import io
 import os
 import posixpath
 import zipfile
-from typing import ClassVar, Dict, Optional, Tuple
+from typing import Any, ClassVar, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from tff_decorr.tasks import base
+from tff_decorr.tasks import tfds_builder
 from tff_decorr.tasks import tfds_image
 
 URL = 'http://cs231n.stanford.edu/tiny-imagenet-200.zip'
 ZIP_NAME = 'tiny-imagenet-200.zip'
 NUM_CLASSES = 200
-_BUILDER = None
 
 MANUAL_DOWNLOAD_INSTRUCTIONS = f"""\
 Put the official {ZIP_NAME} ({URL}) in the manual directory (`--manual_dir`, or TFDS's default
@@ -40,94 +39,71 @@ Put the official {ZIP_NAME} ({URL}) in the manual directory (`--manual_dir`, or 
 """
 
 
-def builder_class():
-  """The TFDS builder class, defined (and registered with TFDS) on first use.
+def _features(tfds) -> Dict[str, Any]:
+  return {'image': tfds.features.Image(shape=(64, 64, 3), encoding_format='jpeg'),
+          'label': tfds.features.ClassLabel(num_classes=NUM_CLASSES),
+          'wnid': tfds.features.Text(),
+          'file_name': tfds.features.Text()}
 
-  Deferred so that importing the task registry does not import tensorflow_datasets.
-  """
-  global _BUILDER
-  if _BUILDER is not None:
-    return _BUILDER
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from etils import epath  # pylint: disable=g-import-not-at-top
 
-  class TinyImagenet(tfds.core.GeneratorBasedBuilder):
-    """Tiny ImageNet 200 from the official zip."""
+def _splits(dl_manager) -> Dict[str, Iterator[tfds_builder.Example]]:
+  path = None
+  try:
+    manual = dl_manager.manual_dir / ZIP_NAME
+    if manual.exists():
+      path = manual
+  except AssertionError:  # No manual directory: download instead.
+    pass
+  if path is None:
+    path = dl_manager.download(URL)
+  return {'train': _examples(path, 'train'), 'test': _examples(path, 'val')}
 
-    VERSION = tfds.core.Version('1.0.0')
-    RELEASE_NOTES = {'1.0.0': 'Train (100k) and val as test (10k); labels = sorted-wnid index.'}
-    MANUAL_DOWNLOAD_INSTRUCTIONS = MANUAL_DOWNLOAD_INSTRUCTIONS
-    # TFDS finds a builder's metadata folder from its module's package, which in a checkout is
-    # mapped onto tasks/ (docs/DESIGN.md, "Packaging") and so has no folder of its own name.
-    pkg_dir_path = epath.Path(os.path.dirname(os.path.abspath(__file__)))
 
-    def _info(self):
-      return self.dataset_info_from_configs(
-          features=tfds.features.FeaturesDict({
-              'image': tfds.features.Image(shape=(64, 64, 3), encoding_format='jpeg'),
-              'label': tfds.features.ClassLabel(num_classes=NUM_CLASSES),
-              'wnid': tfds.features.Text(),
-              'file_name': tfds.features.Text(),
-          }),
-          supervised_keys=('image', 'label'),
-          homepage='http://cs231n.stanford.edu/',
-      )
+def _examples(path, split: str) -> Iterator[tfds_builder.Example]:
+  with zipfile.ZipFile(os.fspath(path)) as zf:
+    names = zf.namelist()
+    wnids_file = [n for n in names if posixpath.basename(n) == 'wnids.txt']
+    if len(wnids_file) != 1:
+      raise ValueError(f'{path}: expected one wnids.txt in the zip, found {len(wnids_file)}.')
+    root = posixpath.dirname(wnids_file[0])
+    wnids = sorted(zf.read(wnids_file[0]).decode().split())
+    if len(wnids) != NUM_CLASSES:
+      raise ValueError(f'{path}: wnids.txt lists {len(wnids)} classes, expected 200.')
+    index = {w: i for i, w in enumerate(wnids)}
+    if split == 'train':
+      items = []
+      prefix = posixpath.join(root, 'train') + '/'
+      for n in names:
+        parts = n[len(prefix):].split('/') if n.startswith(prefix) else []
+        if len(parts) == 3 and parts[1] == 'images' and n.lower().endswith('.jpeg'):
+          items.append((n, parts[0]))
+    else:
+      ann = zf.read(posixpath.join(root, 'val', 'val_annotations.txt')).decode()
+      items = []
+      for line in ann.splitlines():
+        if line.strip():
+          fname, wnid = line.split('\t')[:2]
+          items.append((posixpath.join(root, 'val', 'images', fname), wnid))
+    for name, wnid in sorted(items):
+      if wnid not in index:
+        raise ValueError(f'{path}: {name} has wnid {wnid!r}, not in wnids.txt.')
+      key = posixpath.basename(name)
+      yield key, {'image': io.BytesIO(zf.read(name)), 'label': index[wnid], 'wnid': wnid,
+                  'file_name': key}
 
-    def _split_generators(self, dl_manager):
-      path = None
-      try:
-        manual = dl_manager.manual_dir / ZIP_NAME
-        if manual.exists():
-          path = manual
-      except AssertionError:  # No manual directory: download instead.
-        pass
-      if path is None:
-        path = dl_manager.download(URL)
-      return {'train': self._generate_examples(path, 'train'),
-              'test': self._generate_examples(path, 'val')}
 
-    def _generate_examples(self, path, split):
-      with zipfile.ZipFile(os.fspath(path)) as zf:
-        names = zf.namelist()
-        wnids_file = [n for n in names if posixpath.basename(n) == 'wnids.txt']
-        if len(wnids_file) != 1:
-          raise ValueError(f'{path}: expected one wnids.txt in the zip, found {len(wnids_file)}.')
-        root = posixpath.dirname(wnids_file[0])
-        wnids = sorted(zf.read(wnids_file[0]).decode().split())
-        if len(wnids) != NUM_CLASSES:
-          raise ValueError(f'{path}: wnids.txt lists {len(wnids)} classes, expected 200.')
-        index = {w: i for i, w in enumerate(wnids)}
-        if split == 'train':
-          items = []
-          prefix = posixpath.join(root, 'train') + '/'
-          for n in names:
-            parts = n[len(prefix):].split('/') if n.startswith(prefix) else []
-            if len(parts) == 3 and parts[1] == 'images' and n.lower().endswith('.jpeg'):
-              items.append((n, parts[0]))
-        else:
-          ann = zf.read(posixpath.join(root, 'val', 'val_annotations.txt')).decode()
-          items = []
-          for line in ann.splitlines():
-            if line.strip():
-              fname, wnid = line.split('\t')[:2]
-              items.append((posixpath.join(root, 'val', 'images', fname), wnid))
-        for name, wnid in sorted(items):
-          if wnid not in index:
-            raise ValueError(f'{path}: {name} has wnid {wnid!r}, not in wnids.txt.')
-          key = posixpath.basename(name)
-          yield key, {'image': io.BytesIO(zf.read(name)), 'label': index[wnid], 'wnid': wnid,
-                      'file_name': key}
-
-  _BUILDER = TinyImagenet
-  return _BUILDER
+_BUILDER = tfds_builder.LazyBuilder(tfds_builder.BuilderSpec(
+    class_name='TinyImagenet', module=__name__, doc='Tiny ImageNet 200 from the official zip.',
+    release_notes='Train (100k) and val as test (10k); labels = sorted-wnid index.',
+    instructions=MANUAL_DOWNLOAD_INSTRUCTIONS, features=_features, splits=_splits,
+    info={'homepage': 'http://cs231n.stanford.edu/'}, manual_required=False,
+    manual_help=f'Directory holding {ZIP_NAME}.'))
+builder_class = _BUILDER.builder_class
 
 
 def prepare(data_dir: str, manual_dir: Optional[str] = None) -> None:
   """Builds the TFDS dataset into `data_dir` (from `manual_dir`/tiny-imagenet-200.zip if given)."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  builder = builder_class()(data_dir=data_dir)
-  config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
-  builder.download_and_prepare(download_config=config)
+  _BUILDER.prepare(data_dir, manual_dir)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,14 +143,7 @@ TASK = TinyImagenetTask(
 
 
 def main(argv=None):
-  import argparse  # pylint: disable=g-import-not-at-top
-  parser = argparse.ArgumentParser(description='Prepare Tiny ImageNet as a TFDS dataset.')
-  parser.add_argument('--data_dir', required=True, help='TFDS data dir to write into.')
-  parser.add_argument('--manual_dir', default=None, help=f'Directory holding {ZIP_NAME}.')
-  args = parser.parse_args(argv)
-  prepare(os.path.expanduser(args.data_dir),
-          os.path.expanduser(args.manual_dir) if args.manual_dir else None)
-  print(f'tiny_imagenet prepared in {args.data_dir}')
+  _BUILDER.main('Tiny ImageNet', argv)
 
 
 if __name__ == '__main__':

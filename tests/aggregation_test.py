@@ -25,8 +25,8 @@ from tff_decorr import algorithms
 from tff_decorr.configs import config
 from tff_decorr import regularizers
 from tff_decorr.federated import tff_context
-from tff_decorr.run import round_loop
 from tff_decorr.run import training
+from tff_decorr.run_files import metrics_log
 from tff_decorr.algorithms import testing
 from tff_decorr.runtimes import tf_runtime
 from tff_decorr.runtimes import tff_runtime
@@ -259,14 +259,14 @@ class TrainWithAggregatorTest(tf.test.TestCase):
                     batch_size=64, regularizer='none', aggregator='dp', dp_noise_multiplier=0.8,
                     dp_clip=1.0, cache_dir=os.path.join(out, 'cache'))
     c.output_dir = os.path.join(out, 'run')
-    release = round_loop.Metrics.release
+    release = metrics_log.Metrics.release
 
     def crash_in_round_2(metrics, values, round_num):
       if round_num == 2:
         raise RuntimeError('simulated crash')
       return release(metrics, values, round_num)
 
-    with mock.patch.object(round_loop.Metrics, 'release', crash_in_round_2):
+    with mock.patch.object(metrics_log.Metrics, 'release', crash_in_round_2):
       with self.assertRaisesRegex(RuntimeError, 'simulated crash'):
         training.train(c, log=lambda s: None)
     summary = training.train(c, log=lambda s: None)

@@ -24,31 +24,35 @@ from tff_decorr.algorithms import workspace
 from tff_decorr.federated import tff_context
 from tff_decorr.configs import config
 from tff_decorr.run import composition
-from tff_decorr.run import round_loop
 from tff_decorr.run import training
+from tff_decorr.run_files import metrics_log
+from tff_decorr.run_files import run_directory
 from tff_decorr.runtimes import tf_runtime
 
 DATA = testing.synthetic_clients()  # sizes 10, 6, 14, 8 -> 3, 2, 4, 2 batches of 4
 SIZES = [len(d[1]) for d in DATA]
 CFG = algorithms.ClientConfig(lr=0.05, momentum=0.9, weight_decay=1e-3)
 EPOCHS = 2  # Local epochs: part of each client's dataset.
+# Two clients holding the same images under different labels: their updates pull apart, so the
+# mean of their squared norms exceeds twice the squared norm of their average (FedExP extrapolates).
+DISAGREEING = [DATA[2], (DATA[2][0], (DATA[2][1] + 1) % testing.NUM_CLASSES)]
 _RUNTIMES = {}
 
 
-def runtime(alg, shuffle=False, epochs=EPOCHS):
-  key = (id(alg), shuffle, epochs)
+def runtime(alg, shuffle=False, epochs=EPOCHS, data=DATA):
+  key = (id(alg), shuffle, epochs, id(data))
   if key not in _RUNTIMES:
     _RUNTIMES[key] = (alg, tf_runtime.TfRuntime(
-        alg, testing.make_client_dataset_fn(DATA, shuffle=shuffle, epochs=epochs)))
+        alg, testing.make_client_dataset_fn(data, shuffle=shuffle, epochs=epochs)))
   return _RUNTIMES[key][1]
 
 
-def run(alg, state, clients, client_states=None, seed=0, shuffle=False, epochs=EPOCHS):
+def run(alg, state, clients, client_states=None, seed=0, shuffle=False, epochs=EPOCHS, data=DATA):
   if client_states is None:
     init = alg.initial_client_state(alg.initial_weights())
     client_states = [init] * len(clients)
-  return runtime(alg, shuffle, epochs).run_round(state, [(c, seed) for c in clients],
-                                                 client_states)
+  return runtime(alg, shuffle, epochs, data).run_round(state, [(c, seed) for c in clients],
+                                                       client_states)
 
 
 _LOCAL = {}
@@ -197,10 +201,10 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
       lows.append(np.min(state['weights'][var]))
     self.assertEqual(min(lows), 0.0)
 
-  def numpy_average(self, x, clients):
+  def numpy_average(self, x, clients, data=DATA):
     """The clients' models trained from x (local loop only) and their example-weighted average,
     with each client's model and weight p_i."""
-    local = [local_model(x, c) for c in clients]
+    local = [local_model(x, c, data) for c in clients]
     total = sum(n for _, n, _ in local)
     p = [n / total for _, n, _ in local]
     avg = [sum(pk * y[i] for (y, _, _), pk in zip(local, p)) for i in range(len(x))]
@@ -339,6 +343,23 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.product(bn=['reference', 'average'], step_counters=[True, False])
   def test_fedexp_matches_numpy_over_three_rounds(self, bn, step_counters):
+    etas = self.fedexp_numpy_rounds(bn, step_counters, DATA)
+    if bn == 'reference' and not step_counters:  # It extrapolated: not FedAvg. (Here the BN
+      self.assertGreater(max(etas), 1.05)  # statistics' deltas dominate the norms.)
+    if step_counters:  # The counters swamp both norms: eta_g stays at 1 (the reference's FedAvg).
+      self.assertEqual(etas, [1.0, 1.0, 1.0])
+
+  def test_fedexp_default_extrapolates_as_numpy_when_clients_disagree(self):
+    # The default form (bn='average', no step counters) on clients whose updates pull apart:
+    # eta_g > 1 in every round, each round's step as NumPy's.
+    alg = algorithms.build('fedexp', testing.tiny_model, CFG)
+    self.assertEqual((alg.hparams.bn, alg.hparams.step_counters), ('average', False))
+    etas = self.fedexp_numpy_rounds('average', False, DISAGREEING)
+    self.assertGreater(min(etas), 1.05)
+
+  def fedexp_numpy_rounds(self, bn, step_counters, data):
+    """Three FedExP rounds of every client in `data`, each checked against NumPy's; returns the
+    rounds' eta_g."""
     # eta_g = max(1, sum_i p_i |Delta_i|^2 / (2 (|sum_i p_i Delta_i|^2 + eps))); x += eta_g avg.
     # step_counters: both norms also hold PyTorch BN's num_batches_tracked, whose delta is the
     # client's step count K_i in each of the model's L BN layers (the reference's whole state_dict).
@@ -347,16 +368,16 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
                            step_counters=step_counters)
     state = alg.initial_server_state(self.x0)
     x = [w.astype(np.float64) for w in self.x0]
-    clients = ['0', '1', '2', '3']
+    clients = [str(i) for i in range(len(data))]
     layers = sum(isinstance(m, tf.keras.layers.BatchNormalization)
                  for m in testing.tiny_model().submodules) if step_counters else 0
-    steps = [EPOCHS * -(-SIZES[int(c)] // 4) for c in clients]  # batches of 4, every epoch
-    self.assertEqual([int(local_model(self.x0, c)[2]) for c in clients], steps)
+    steps = [EPOCHS * -(-len(data[int(c)][1]) // 4) for c in clients]  # batches of 4, every epoch
+    self.assertEqual([int(local_model(self.x0, c, data)[2]) for c in clients], steps)
     self.assertGreater(layers if step_counters else 1, 0)
     etas = []
     for r in range(3):
-      state, _, metrics = run(alg, state, clients)
-      avg, ys, p = self.numpy_average([w.astype(np.float32) for w in x], clients)
+      state, _, metrics = run(alg, state, clients, data=data)
+      avg, ys, p = self.numpy_average([w.astype(np.float32) for w in x], clients, data)
       used = [t or bn == 'reference' for t in alg.spec.trainable]  # in the norms, extrapolated
       deltas = [[y[i] - x[i] for i in range(len(x))] for y in ys]
       mean_sq = sum(pk * (sum(np.sum(dk[i] ** 2) for i in range(len(x)) if used[i])
@@ -386,10 +407,7 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
                                                                      alg.spec.trainable)],
                          atol=2e-5, rtol=1e-4)
       etas.append(float(state['eta_g']))
-    if bn == 'reference' and not step_counters:  # It extrapolated: not FedAvg. (Here the BN
-      self.assertGreater(max(etas), 1.05)  # statistics' deltas dominate the norms.)
-    if step_counters:  # The counters swamp both norms: eta_g stays at 1 (the reference's FedAvg).
-      self.assertEqual(etas, [1.0, 1.0, 1.0])
+    return etas
 
   def test_fedexp_evaluating_the_last_iterate_trains_the_same_model(self):
     # evaluate='last' (the reference's) evaluates x_t; the default evaluates (x_t + x_{t-1}) / 2.
@@ -821,7 +839,7 @@ class ClientSideTest(tf.test.TestCase, parameterized.TestCase):
 def train_digits(name, rounds, tmp, **settings):
   """`name` through the training program on the embedded digits task (its defaults: small_cnn,
   Dirichlet 0.5, 5 local epochs), 4 clients all sampled, client momentum 0.9, FedDecorr, seed 0,
-  TF runtime. Returns (summary, train losses by round, the final server state from the last
+  TF runtime. Returns (summary, metrics.csv's rows, the final server state from the last
   checkpoint, the algorithm)."""
   c = config.make(task='digits', algorithm=name, num_clients=4, clients_per_round=4,
                   rounds=rounds, momentum=0.9, seed=0, regularizer='feddecorr',
@@ -832,10 +850,11 @@ def train_digits(name, rounds, tmp, **settings):
   finally:
     tff_context.stop_all()
   with open(os.path.join(c.output_dir, 'metrics.csv')) as f:
-    losses = [float(r['train_loss']) for r in csv.DictReader(f)]
+    rows = list(csv.DictReader(f))
   alg = composition.Experiment(c, log=lambda s: None).algorithm
-  saved = round_loop.load_checkpoint(c.output_dir, alg.initial_server_state(alg.initial_weights()))
-  return summary, losses, saved['server_state'], alg
+  saved = run_directory.load_checkpoint(c.output_dir,
+                                        alg.initial_server_state(alg.initial_weights()))
+  return summary, rows, saved['server_state'], alg
 
 
 def relative_distance(a, b):
@@ -846,9 +865,17 @@ def relative_distance(a, b):
 
 # Final weights of an algorithm and of FedAvg on the same seed, data and sampling, relative to
 # FedAvg's: farther apart than a change of runtime moves a run (docs/algorithms.md: TFF vs TF
-# 6e-5 to 1.7e-3 on ResNet20 after 2 rounds), so a test of an algorithm fails if the algorithm
-# under test is FedAvg. FedAvg against itself gives 0 (the TF runtime is deterministic).
+# 6e-5 to 1.7e-3 on ResNet20 after 2 rounds). A necessary check only: a server rule that is
+# FedAvg in algebra but rounds differently (FedExP with eta_g fixed at 1) ends 0.2 away after 8
+# rounds, so each test also checks the quantity that makes its algorithm differ from FedAvg.
 NOT_FEDAVG = 1e-2
+# FedExP's eta_g in its most extrapolating round on digits, at least (measured, seed 0: 1.28 to
+# 1.74 in each of the 8 rounds; with eta_g fixed at 1 it is 1 in all).
+EXTRAPOLATED = 1.05
+# How far apart the first round's train losses of a client-side variant and of FedAvg are,
+# relative to FedAvg's, at least (measured, seed 0: FedLC 0.038, FedRS 0.0073, FedSAM 0.014; a
+# FedAvg client gives 0).
+FIRST_LOSS_APART = 1e-3
 
 
 class _DigitsBase(parameterized.TestCase):
@@ -860,7 +887,8 @@ class _DigitsBase(parameterized.TestCase):
   def setUpClass(cls):
     super().setUpClass()
     cls.tmp = tempfile.mkdtemp()
-    cls.fedavg = train_digits('fedavg', cls.ROUNDS, cls.tmp)[2]['weights']
+    _, cls.fedavg_rows, state, _ = train_digits('fedavg', cls.ROUNDS, cls.tmp)
+    cls.fedavg = state['weights']
 
   @classmethod
   def tearDownClass(cls):
@@ -869,9 +897,10 @@ class _DigitsBase(parameterized.TestCase):
 
   def train(self, name, min_accuracy, **settings):
     """Trains `name` and checks that it trains: finite, falling loss, test accuracy above
-    `min_accuracy`, and final weights that are not FedAvg's. Returns the server state and the
-    algorithm."""
-    summary, losses, state, alg = train_digits(name, self.ROUNDS, self.tmp, **settings)
+    `min_accuracy`, and final weights that are not FedAvg's. Returns the server state, the
+    algorithm and metrics.csv's rows."""
+    summary, rows, state, alg = train_digits(name, self.ROUNDS, self.tmp, **settings)
+    losses = [float(r['train_loss']) for r in rows]
     distance = relative_distance(state['weights'], self.fedavg)
     logging.info('%s, %d rounds: test accuracy %.3f, final weights %.3g from FedAvg\'s (relative)',
                  name, self.ROUNDS, summary['final_test_accuracy'], distance)
@@ -880,15 +909,18 @@ class _DigitsBase(parameterized.TestCase):
     self.assertLess(losses[-1], 0.5 * losses[0], losses)
     self.assertGreater(summary['final_test_accuracy'], min_accuracy)
     self.assertGreater(distance, NOT_FEDAVG)
-    return state, alg
+    return state, alg, rows
 
 
 class DigitsTrainsTest(_DigitsBase):
   """Each client-side baseline trains on the embedded digits task (small_cnn, 4 clients,
   Dirichlet 0.5, 5 local epochs) at client momentum 0.9 with FedDecorr, in the TF runtime: finite,
   falling loss and test accuracy far above chance (0.1) after ROUNDS rounds, and final weights
-  that differ from FedAvg's run of the same seed by more than NOT_FEDAVG (the variant acted over
-  the whole run; a run of FedAvg in its place fails there). Measured at these settings, seed 0:
+  that differ from FedAvg's run of the same seed by more than NOT_FEDAVG. What makes each differ
+  from FedAvg is its clients' local steps (FedLC's calibrated logits, FedRS's restricted softmax,
+  FedSAM's perturbed gradients), so the first round's training loss, taken by the same clients
+  from the same model on the same batches, differs from FedAvg's (a FedAvg client gives it
+  bit-for-bit: the TF runtime is deterministic). Measured at these settings, seed 0:
   FedAvg 0.66, FedLC 0.69, FedRS 0.85, FedSAM 0.81 (FedSAM starts slower: 0.18 after 3
   rounds)."""
 
@@ -896,7 +928,10 @@ class DigitsTrainsTest(_DigitsBase):
 
   @parameterized.parameters('fedlc', 'fedrs', 'fedsam')
   def test_trains_on_digits_at_momentum_0_9(self, name):
-    self.train(name, 0.5)
+    _, _, rows = self.train(name, 0.5)
+    first, fedavg_first = float(rows[0]['train_loss']), float(self.fedavg_rows[0]['train_loss'])
+    logging.info('%s: first round\'s train loss %.6g, FedAvg\'s %.6g', name, first, fedavg_first)
+    self.assertGreater(abs(first - fedavg_first), FIRST_LOSS_APART * fedavg_first)
 
 
 class ConvexTest(tf.test.TestCase, parameterized.TestCase):
@@ -1002,7 +1037,7 @@ class ServerOptimisersTrainTest(_DigitsBase):
 
   @parameterized.parameters('fedadagrad', 'fedadam', 'fedyogi')
   def test_adaptive_optimiser_trains_on_digits_with_its_moments(self, name):
-    state, alg = self.train(name, 0.3)
+    state, alg, _ = self.train(name, 0.3)
     # Reddi et al.: one first and one second moment per coordinate of every weight the optimiser
     # steps. The statistics get FedAvg's average (bn='average', the measured setting): their
     # moments stay 0; every trainable weight's are non-zero (v > 0 where the clients moved it).
@@ -1022,11 +1057,17 @@ class ServerOptimisersTrainTest(_DigitsBase):
         np.testing.assert_array_equal(v, 0.0, err_msg=name_)
 
   def test_fedexp_trains_on_digits(self):
-    state, _ = self.train('fedexp', 0.3)
+    state, _, rows = self.train('fedexp', 0.3)
     # Its server state: the last round's step eta_g >= 1 and the ratio before that floor.
     self.assertGreaterEqual(float(state['eta_g']), 1.0)
     self.assertEqual(float(state['eta_g']), max(1.0, float(state['eta_raw'])))
     self.assertGreater(float(state['eta_raw']), 0.0)
+    # What makes it FedExP: it extrapolated (eta_g > 1) in some round. With eta_g fixed at 1 it
+    # is FedAvg in algebra, and only rounding tells the two runs apart.
+    etas = [float(r['server/eta_g']) for r in rows]
+    logging.info('fedexp: eta_g by round %s', etas)
+    np.testing.assert_allclose(etas[-1], float(state['eta_g']), rtol=1e-6)
+    self.assertGreater(max(etas), EXTRAPOLATED)
 
 class ServerMetricsTest(tf.test.TestCase):
   """The server step's scalars (algorithms' `server_metrics`) reach metrics.csv and TensorBoard
@@ -1058,11 +1099,11 @@ class ServerMetricsTest(tf.test.TestCase):
     with open(os.path.join(c.output_dir, 'metrics.csv')) as f:
       rows = list(csv.DictReader(f))
     # pylint: disable=protected-access
-    tb = round_loop._tensorboard_rows(os.path.join(c.output_dir, 'tensorboard'), [1, 2])
+    tb = metrics_log._tensorboard_rows(os.path.join(c.output_dir, 'tensorboard'), [1, 2])
     alg = composition.Experiment(c, log=lambda s: None).algorithm
-    structure = round_loop._checkpoint_structure(alg.initial_server_state(alg.initial_weights()))
+    structure = run_directory.checkpoint_structure(alg.initial_server_state(alg.initial_weights()))
     # pylint: enable=protected-access
-    manager = round_loop.checkpoint_manager(c.output_dir)
+    manager = run_directory.checkpoint_manager(c.output_dir)
     states = {r: asyncio.run(manager.load(r, structure))['server_state'] for r in (1, 2)}
     return rows, tb, states
 

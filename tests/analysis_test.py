@@ -5,7 +5,6 @@ import csv
 import json
 import math
 import os
-import tempfile
 
 from absl.testing import absltest
 import numpy as np
@@ -273,13 +272,12 @@ class PlotsTest(absltest.TestCase):
       plots.plot_spectra({}, path)
 
 
-class SavedModelTest(absltest.TestCase):
+class SavedModelTest(testutil.ClassTempDir, absltest.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
     tf.keras.utils.set_random_seed(0)
-    cls.tmp = tempfile.mkdtemp()
     cls.model = _tiny_model()
     cls.images = np.random.default_rng(0).normal(size=(50, *_INPUT_SHAPE)).astype(np.float32)
     labels = np.arange(50) % _NUM_CLASSES

@@ -4,7 +4,6 @@ The AutoAugment operations themselves (PIL as the oracle) are tested in autoaugm
 """
 
 import os
-import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -12,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from tests import testutil
 from tff_decorr.tasks import augment
 from tff_decorr.tasks import client_data
 from tff_decorr.tasks import registry
@@ -90,7 +90,7 @@ class AugmentTest(parameterized.TestCase):
     self.assertFalse(np.array_equal(a, b) and np.array_equal(a, c))
 
 
-class TestTimeTest(absltest.TestCase):
+class TestTimeTest(testutil.ClassTempDir, absltest.TestCase):
   """Augmentation is applied to training client data only."""
 
   @classmethod
@@ -99,7 +99,7 @@ class TestTimeTest(absltest.TestCase):
     cls.task = registry.get('cifar10')
     cls.images = np.stack([_image(i) for i in range(6)])
     cls.labels = np.arange(6) % 10
-    cls.dir = os.path.join(tempfile.mkdtemp(), 's')
+    cls.dir = os.path.join(cls.tmp, 's')
     client_data.write_client_shards(cls.images, cls.labels, [np.arange(6)], cls.dir)
     cls.clean = sorted(bytes(cls.task.preprocess(im).numpy().round(4)) for im in cls.images)
 

@@ -9,7 +9,6 @@ import csv
 import dataclasses
 import json
 import os
-import tempfile
 from typing import ClassVar
 
 from absl import flags
@@ -19,6 +18,7 @@ import tensorflow as tf
 
 import tensorflow_federated as tff
 
+from tests import testutil
 from tff_decorr.bin import train
 from tff_decorr import algorithms
 from tff_decorr import hparams
@@ -90,12 +90,7 @@ regularizers.register(  # ... and of the toy regulariser.
     lambda hp: lambda representation, logits: hp.gamma * tf.reduce_mean(tf.square(representation)))
 
 
-class ExtensionTest(absltest.TestCase):
-
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    cls.tmp = tempfile.mkdtemp()
+class ExtensionTest(testutil.ClassTempDir, absltest.TestCase):
 
   def flag_values(self, *args):
     fv = flags.FlagValues()

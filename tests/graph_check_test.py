@@ -7,7 +7,6 @@ import asyncio
 import os
 import shutil
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -15,10 +14,11 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
+from tests import testutil
 from tff_decorr import models
 from tff_decorr.run_files import export
 from tff_decorr.run_files import graph_check
-from tff_decorr.run import round_loop
+from tff_decorr.run_files import run_directory
 
 
 class _TableThief(tf.Module):
@@ -58,20 +58,14 @@ class _Reader(tf.Module):
     return {'logits': tf.zeros([1, 10]), 'representation': tf.zeros([1, 4]), 'file': value}
 
 
-class RefusedTest(absltest.TestCase):
+class RefusedTest(testutil.ClassTempDir, absltest.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.tmp = tempfile.mkdtemp()
     cls.secret = os.path.join(cls.tmp, 'secret.txt')
     with open(cls.secret, 'w') as f:
       f.write('private line\n')
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.tmp, ignore_errors=True)
-    super().tearDownClass()
 
   def _save(self, module, name):
     path = os.path.join(self.tmp, name)
@@ -124,24 +118,14 @@ class RefusedTest(absltest.TestCase):
     with self.assertRaisesRegex(graph_check.UnsafeGraphError, r'^the checkpoint .*round_1 '
                                 r'contains operations tff_decorr never writes: .*ReaderReadV2 '
                                 r'\(reads files\).*WholeFileReaderV2 \(reads files\)'):
-      round_loop.newest_checkpoint_round(run)
+      run_directory.newest_checkpoint_round(run)
 
 
-class ProjectExportsTest(absltest.TestCase):
+class ProjectExportsTest(testutil.ClassTempDir, absltest.TestCase):
   """Every model, in both precisions, plain and with the variants that add operations
   (decomposed convolutions, a projection head), passes; so do a Keras object's SavedModel and a
   checkpoint in TFF's SavedModel format. `python -m tff_decorr.run_files.graph_check --check` runs
   the full product (each variant in each precision, each also as a Keras object)."""
-
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    cls.tmp = tempfile.mkdtemp()
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.tmp, ignore_errors=True)
-    super().tearDownClass()
 
   def test_every_model_in_every_precision_passes(self):
     for name in models.names():

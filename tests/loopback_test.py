@@ -49,20 +49,14 @@ def _ipv6() -> bool:
     return False
 
 
-class LoopbackLibraryTest(absltest.TestCase):
+class LoopbackLibraryTest(testutil.ClassTempDir, absltest.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
     if loopback.compiler() is None:
       raise absltest.SkipTest('no C compiler: make setup installs gcc')
-    cls.dir = tempfile.mkdtemp(prefix='loopback_test_')
-    cls.library = loopback.build(cls.dir)
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.dir, ignore_errors=True)
-    super().tearDownClass()
+    cls.library = loopback.build(cls.tmp)
 
   def _bound(self, *args, preload=True):
     env = dict(os.environ)
@@ -90,7 +84,7 @@ class LoopbackLibraryTest(absltest.TestCase):
       self.assertEqual(self._bound('6:::1'), ['::1'])
 
   def test_build_is_named_by_source_and_reused(self):
-    self.assertEqual(loopback.build(self.dir), self.library)
+    self.assertEqual(loopback.build(self.tmp), self.library)
     self.assertTrue(os.path.basename(self.library).startswith('tff_decorr_loopback_bind-'))
 
 
@@ -615,7 +609,7 @@ class WorkerBinaryImportsTest(absltest.TestCase):
     self.assertIn('does not take bind() from a shared library', problem)
 
 
-class CanaryAndPollerTest(absltest.TestCase):
+class CanaryAndPollerTest(testutil.ClassTempDir, absltest.TestCase):
   """Never reachable, not even for an instant: the library is proven before the worker starts."""
 
   @classmethod
@@ -623,7 +617,6 @@ class CanaryAndPollerTest(absltest.TestCase):
     super().setUpClass()
     if loopback.compiler() is None:
       raise absltest.SkipTest('no C compiler: make setup installs gcc')
-    cls.tmp = tempfile.mkdtemp(prefix='loopback_canary_')
     cls.library = loopback.build(os.path.join(cls.tmp, 'lib'))
     cls.corrupt = os.path.join(cls.tmp, 'corrupt.so')
     with open(cls.corrupt, 'wb') as f:
@@ -634,11 +627,6 @@ class CanaryAndPollerTest(absltest.TestCase):
     cls.hostile = os.path.join(cls.tmp, 'hostile.so')
     subprocess.run([loopback.compiler(), '-shared', '-fPIC', '-o', cls.hostile, source, '-ldl'],
                    check=True, capture_output=True)
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.tmp, ignore_errors=True)
-    super().tearDownClass()
 
   def test_the_canary_finds_a_corrupt_library_and_a_hostile_preload(self):
     _needs_namespaces()

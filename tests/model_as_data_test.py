@@ -31,10 +31,10 @@ from tensorflow.core.protobuf import saved_model_pb2
 from tests import testutil
 from tff_decorr import models
 from tff_decorr.models import precision
-from tff_decorr.run import round_loop
 from tff_decorr.run_files import checkpoint_files
 from tff_decorr.run_files import export
 from tff_decorr.run_files import graph_check
+from tff_decorr.run_files import run_directory
 
 _ATTACKER_NAME = 'pwned_by_savedmodel'
 
@@ -192,9 +192,9 @@ class AttackTest(absltest.TestCase):
     self.before = _files(self.root)
     with self.assertRaisesRegex(graph_check.UnsafeGraphError, r'^the checkpoint .*round_1 '
                                 'contains .*SaveV2 \\(writes files in the restore loading runs\\)'):
-      round_loop.newest_checkpoint_round(run)
+      run_directory.newest_checkpoint_round(run)
     with self.assertRaises(graph_check.UnsafeGraphError):
-      round_loop.load_checkpoint(run, {'weights': [np.zeros(3, np.float32)]})
+      run_directory.load_checkpoint(run, {'weights': [np.zeros(3, np.float32)]})
     self.assert_harmless()
 
   def test_without_the_scan_it_is_read_as_data_or_refused_and_runs_nothing(self):
@@ -219,10 +219,10 @@ class AttackTest(absltest.TestCase):
     with mock.patch.object(graph_check, 'check'):
       with self.assertRaisesRegex(export.SavedModelError, 'variables/variables.index'):
         export.load_serving(run)
-      with self.assertRaisesRegex(round_loop.CheckpointError, 'nothing was changed'):
-        round_loop.newest_checkpoint_round(run)
-      with self.assertRaises(round_loop.CheckpointError):
-        round_loop.load_checkpoint(run, {'weights': [np.zeros(3, np.float32)]})
+      with self.assertRaisesRegex(run_directory.CheckpointError, 'nothing was changed'):
+        run_directory.newest_checkpoint_round(run)
+      with self.assertRaises(run_directory.CheckpointError):
+        run_directory.load_checkpoint(run, {'weights': [np.zeros(3, np.float32)]})
     self.assert_harmless()
 
   def test_a_resume_of_bin_train_refuses_it_and_nothing_is_changed(self):
@@ -328,10 +328,10 @@ class ExportsAsDataTest(absltest.TestCase):
                                                prefix='round_')
     asyncio.run(tffs.save(state, 3))
     expected = asyncio.run(tffs.load(3, structure))  # TFF's reader: tf.saved_model.load.
-    manager = round_loop.checkpoint_manager(self.tmp)
+    manager = run_directory.checkpoint_manager(self.tmp)
     self.assertTrue(manager.is_saved_model(3))
     with mock.patch.object(tf.saved_model, 'load', side_effect=AssertionError('graph loaded')):
-      self.assertEqual(round_loop.newest_checkpoint_round(self.tmp), 3)
+      self.assertEqual(run_directory.newest_checkpoint_round(self.tmp), 3)
       got = asyncio.run(manager.load(3, structure))
     tf.nest.map_structure(np.testing.assert_array_equal, got, expected)
     tf.nest.map_structure(lambda a, b: self.assertIs(type(a), type(b)), got, expected)

@@ -48,23 +48,15 @@ _MALFORMED = [
 _DELTA = 1 / 4 ** 1.1  # the default delta of --num_clients=4
 
 
-class _StubRuntime:
-  """Stands for a runtime whose rounds were released (the ledger's writer records each)."""
-
-  def run_round(self):
-    return None
-
-
 def _make_releases(ledger, run, count, noise_multiplier=0.8, clients_per_round=2, num_clients=4):
   """`count` releases made by a run in `run`, recorded by the module's own writer as a training
   run records them (the ledger, the run directory's copy and its count)."""
   os.makedirs(run, exist_ok=True)
-  runtime = privacy_ledger.RecordingRuntime(
-      _StubRuntime(), ledger, run=run, noise_multiplier=noise_multiplier,
-      clients_per_round=clients_per_round, num_clients=num_clients,
-      known=len(ledger.entries()[0]))
-  for _ in range(count):
-    runtime.run_round()
+  hook = privacy_ledger.ReleaseHook(
+      ledger, run=run, noise_multiplier=noise_multiplier, clients_per_round=clients_per_round,
+      num_clients=num_clients, known=len(ledger.entries()[0]))
+  for round_num in range(1, count + 1):
+    hook.released(round_num)
 
 
 def _write_lines(path, lines):

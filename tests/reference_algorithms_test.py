@@ -22,7 +22,7 @@ outside, and what is pinned is the paper's formula:
 - FedNova: the reference's own rule for the weights. For the BN running statistics the project
   deliberately differs (docs/algorithms.md: the clients' example-weighted mean, where the
   reference extrapolates through the normalised update); the test derives that mean from the
-  reference's own clients and checks the reference's extrapolation too.
+  reference's own clients.
 The one quantity Keras computes differently in float64 is the BN running variance (biased batch
 variance in the non-fused float64 kernel, PyTorch's is unbiased; tests/reference_equivalence_test
 checks the float32 kernel, which is unbiased): it is compared loosely, and where it feeds the
@@ -262,8 +262,7 @@ class _ReferenceBase(parameterized.TestCase):
   def fednova_rounds(self, fixture):
     """The project's FedNova through the fixture's rounds and party list: the weights against the
     reference's rule, a_i and tau_eff against the reference's, and the BN statistics against the
-    sampled clients' example-weighted mean derived from the reference's clients; the reference's
-    own rule for the statistics (an extrapolation) is checked on its numbers, for the record."""
+    sampled clients' example-weighted mean derived from the reference's clients."""
     fx = _Fixture.load(fixture)
     participation, epochs = testutil.reference_schedule(fx)
     run = _Run('fednova', fx, _feddecorr(), epochs=epochs)
@@ -278,18 +277,10 @@ class _ReferenceBase(parameterized.TestCase):
       a = np.array([float(fx[f'round{r}/client{i}/a']) for i in sampled])
       ours = client_update.effective_steps(tf.constant(steps), CONFIG.momentum, tf.float64)
       np.testing.assert_allclose(ours.numpy(), a, rtol=1e-14)
-      self.assertAlmostEqual(float(fx[f'round{r}/tau_eff']), p @ a, delta=1e-12)
+      # tau_eff = sum_i p_i a_i from the project's a_i, against the reference's.
+      self.assertAlmostEqual(float(fx[f'round{r}/tau_eff']), p @ ours.numpy(), delta=1e-12)
       x_ref = _stats(fx, f'global{r - 1}/stats')
       clients = [_stats(fx, f'round{r}/client{i}/stats') for i in sampled]
-      # The reference's own rule, for the record: its running statistics go through the
-      # normalised update x + tau_eff sum_i p_i (y_i - x) / a_i, whose coefficients sum to
-      # tau_eff * sum_i p_i / a_i > 1 when the a_i differ: an extrapolation past every client.
-      if len(set(steps)) > 1:
-        self.assertGreater(p @ a * (p @ (1 / a)), 1.0)
-      for key, x in x_ref.items():
-        extrapolated = x + (p @ a) * sum(pi * (c[key] - x) / ai for pi, c, ai in zip(p, clients, a))
-        np.testing.assert_allclose(_stats(fx, f'global{r}/stats')[key], extrapolated, rtol=1e-10,
-                                   atol=1e-14, err_msg=key)
       # The project's rule on the same clients: each client's statistic is 0.9^k times its start
       # plus what its batches added, which the start does not change (train-mode forwards use
       # batch statistics), so from the project's start it is y_i + 0.9^k_i (ours - reference's).

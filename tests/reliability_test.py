@@ -29,9 +29,12 @@ import tensorflow_federated as tff
 from tff_decorr.tasks import client_data
 from tff_decorr.run_files import checkpoint_files
 from tff_decorr.configs import cli
+from tff_decorr.configs import config as config_lib
 from tff_decorr.run_files import client_state
 from tff_decorr.run import round_loop
+from tff_decorr.run_files import metrics_log
 from tff_decorr.run_files import run_dir
+from tff_decorr.run_files import run_directory
 from tests import testutil
 
 
@@ -72,6 +75,23 @@ class StubRuntime:
     return {'weights': [w]}, states, {'loss_sum': loss * 10, 'examples': 10.0}
 
 
+class LoopConfigTest(absltest.TestCase):
+
+  def test_the_loops_settings_are_the_configs(self):
+    c = config_lib.make(task='digits', num_clients=6, clients_per_round=3, seed=7, eval_every=2,
+                        export_every=4, rounds=9)
+    loop = round_loop.LoopConfig.from_config(c)
+    self.assertEqual((loop.num_clients, loop.clients_per_round, loop.seed, loop.eval_every,
+                      loop.export_every, loop.overlap_evaluation), (6, 3, 7, 2, 4, True))
+    # Each round's clients: 3 distinct of the 6, each with the seed its id and round give.
+    inputs = loop.client_inputs(5)
+    ids = [int(cid) for cid, _ in inputs]
+    self.assertEqual((len(set(ids)), ids), (3, sorted(ids)))
+    self.assertTrue(all(0 <= i < 6 for i in ids))
+    self.assertEqual([s for _, s in inputs], [round_loop.client_seed(7, 5, i) for i in ids])
+    self.assertNotEqual(inputs, loop.client_inputs(6))
+
+
 class ProgramTest(absltest.TestCase):
 
   def setUp(self):
@@ -80,17 +100,15 @@ class ProgramTest(absltest.TestCase):
 
   def run_program(self, runtime, rounds, check_clients=None, clients_per_round=2, log=None,
                   evaluate=None, before_round=None):
-    store = client_state.ClientStateStore(os.path.join(self.dir, 'client_states'),
-                                          initial_fn=lambda: {'visits': np.int32(0)})
-    loop = round_loop.LoopConfig(rounds=rounds, num_clients=4, clients_per_round=clients_per_round,
-                              seed=0)
+    directory = run_directory.RunDirectory(self.dir, rounds, log=log or (lambda s: None))
+    store = directory.open_client_states(True, lambda: {'visits': np.int32(0)})
+    loop = round_loop.LoopConfig(num_clients=4, clients_per_round=clients_per_round, seed=0)
     evaluate = evaluate or (lambda state, r: {'test_accuracy': (22 + r) / 90})
     exported = []
-    summary = round_loop.run(runtime=runtime, algorithm=StubAlgorithm(), store=store, loop=loop,
-                          output_dir=self.dir, evaluate_fn=evaluate,
-                          export_fn=lambda w, d, meta: exported.append(d),
-                          check_clients=check_clients, before_round=before_round,
-                          log=log or (lambda s: None))
+    hooks = round_loop.RoundHooks(evaluate=evaluate,
+                                  export=lambda w, d, meta: exported.append(d),
+                                  check_clients=check_clients, before_round=before_round)
+    summary = round_loop.run(runtime, StubAlgorithm(), loop, directory, hooks)
     return summary, store
 
   def metrics_rows(self):
@@ -108,7 +126,7 @@ class ProgramTest(absltest.TestCase):
       if os.path.isfile(path):
         with open(path, 'wb') as f:
           f.write(b'garbage')
-    with self.assertRaises(round_loop.CheckpointError) as cm:
+    with self.assertRaises(run_directory.CheckpointError) as cm:
       self.run_program(StubRuntime(), rounds=3)
     advice = str(cm.exception)
     self.assertIn(f'remove {ckpt}/round_3', advice)
@@ -128,15 +146,15 @@ class ProgramTest(absltest.TestCase):
   def test_non_finite_loss_stops_and_keeps_the_last_finite_checkpoint(self):
     with self.assertRaisesRegex(round_loop.NonFiniteError, 'round 3: the training loss'):
       self.run_program(StubRuntime(nan_in_round=3), rounds=5)
-    saved = round_loop.load_checkpoint(self.dir, StubRuntime().initialize())
+    saved = run_directory.load_checkpoint(self.dir, StubRuntime().initialize())
     self.assertEqual(int(saved['round']), 2)
     np.testing.assert_array_equal(saved['server_state']['weights'][0], [2, 2, 2])
 
   def test_non_finite_weights_stop(self):
     with self.assertRaisesRegex(round_loop.NonFiniteError, 'round 2: the global model weights'):
       self.run_program(StubRuntime(inf_weights_in_round=2), rounds=3)
-    self.assertEqual(int(round_loop.load_checkpoint(self.dir, StubRuntime().initialize())['round']),
-                     1)
+    self.assertEqual(
+        int(run_directory.load_checkpoint(self.dir, StubRuntime().initialize())['round']), 1)
 
   def test_ctrl_c_reports_the_last_completed_round(self):
     with self.assertRaises(round_loop.Interrupted) as cm:
@@ -290,13 +308,13 @@ class ProgramTest(absltest.TestCase):
       return savez(file, **arrays)
 
     with mock.patch.object(checkpoint_files.np, 'savez', full_at_round_3):
-      with self.assertRaises(round_loop.DiskFullError) as cm:
+      with self.assertRaises(run_directory.DiskFullError) as cm:
         self.run_program(StubRuntime(), rounds=4)
     self.assertEqual(str(cm.exception),
                      f'no space left on the device while writing {self.dir}/checkpoints/round_3; '
                      'the checkpoint of round 2 (the last completed round) is kept. Free some '
                      'space and re-run the same command to resume.')
-    saved = round_loop.load_checkpoint(self.dir, StubRuntime().initialize())
+    saved = run_directory.load_checkpoint(self.dir, StubRuntime().initialize())
     self.assertEqual(int(saved['round']), 2)
     np.testing.assert_array_equal(saved['server_state']['weights'][0], [2, 2, 2])
     self.assertEqual(sorted(n for n in os.listdir(os.path.join(self.dir, 'checkpoints'))
@@ -306,7 +324,7 @@ class ProgramTest(absltest.TestCase):
     self.assertEqual((runtime.rounds_run, summary['final_round']), ([3, 4], 4))
 
   def test_tensorflows_disk_full_is_one_line_naming_the_run_file_and_exit_3(self):
-    release = round_loop.Metrics.release
+    release = metrics_log.Metrics.release
     tf_error = tf.errors.ResourceExhaustedError(
         None, None, '{{function_node __wrapped__SaveV2_dtypes_1_device_/job:localhost}} '
         f'{self.dir}/x/variables_temp/part-00000-of-00001; No space left on device [Op:SaveV2]')
@@ -316,7 +334,7 @@ class ProgramTest(absltest.TestCase):
         raise tf_error
       return release(metrics, values, round_num)
 
-    with mock.patch.object(round_loop.Metrics, 'release', full_at_round_2):
+    with mock.patch.object(metrics_log.Metrics, 'release', full_at_round_2):
       stderr = io.StringIO()
       with contextlib.redirect_stderr(stderr):
         code = cli.run_guarded('train', lambda: self.run_program(StubRuntime(), rounds=3))
@@ -325,19 +343,19 @@ class ProgramTest(absltest.TestCase):
     self.assertEqual(errors, [f'train: error: no space left on the device while writing {self.dir}/'
                               'metrics.csv; the checkpoint of round 1 (the last completed round) '
                               'is kept. Free some space and re-run the same command to resume.'])
-    self.assertEqual(int(round_loop.load_checkpoint(self.dir, StubRuntime().initialize())['round']),
-                     1)
+    self.assertEqual(
+        int(run_directory.load_checkpoint(self.dir, StubRuntime().initialize())['round']), 1)
     # A GPU out of memory is also a ResourceExhaustedError, and is not a full disk.
     oom = tf.errors.ResourceExhaustedError(None, None, 'OOM when allocating tensor')
-    self.assertFalse(round_loop.is_disk_full(oom))
-    self.assertFalse(round_loop.is_disk_full(RuntimeError('wrapped')))
+    self.assertFalse(run_directory.is_disk_full(oom))
+    self.assertFalse(run_directory.is_disk_full(RuntimeError('wrapped')))
     try:
       try:
         raise tf_error
       except tf.errors.OpError as e:
         raise RuntimeError('an executor wrapped it') from e
     except RuntimeError as wrapped:
-      self.assertTrue(round_loop.is_disk_full(wrapped))
+      self.assertTrue(run_directory.is_disk_full(wrapped))
 
 
 class CheckpointFilesTest(absltest.TestCase):
@@ -360,22 +378,22 @@ class CheckpointFilesTest(absltest.TestCase):
       self.assertEqual(np.asarray(a).tobytes(), np.asarray(b).tobytes())
 
   def test_round_trip_is_exact_and_keeps_the_two_newest(self):
-    manager = round_loop.checkpoint_manager(self.dir)
+    manager = run_directory.checkpoint_manager(self.dir)
     for version in (1, 2, 3):
       asyncio.run(manager.save(self.state, version))
     ckpt = os.path.join(self.dir, 'checkpoints')
     self.assertEqual(sorted(os.listdir(ckpt)), ['round_2', 'round_3'])
     self.assertEqual(os.listdir(os.path.join(ckpt, 'round_3')), ['state.npz'])
-    loaded = round_loop.load_checkpoint(self.dir, self.state['server_state'])
+    loaded = run_directory.load_checkpoint(self.dir, self.state['server_state'])
     self.assert_same(loaded, self.state)
     self.assertEqual(loaded['best_accuracy'].dtype, np.float64)
     self.assertEqual(loaded['server_state']['weights'][0].dtype, np.float32)
-    self.assertEqual(round_loop.newest_checkpoint_round(self.dir), 3)
+    self.assertEqual(run_directory.newest_checkpoint_round(self.dir), 3)
     with self.assertRaises(tff.program.ProgramStateExistsError):
       asyncio.run(manager.save(self.state, 3))
 
   def test_a_changed_byte_is_refused_not_loaded(self):
-    asyncio.run(round_loop.checkpoint_manager(self.dir).save(self.state, 1))
+    asyncio.run(run_directory.checkpoint_manager(self.dir).save(self.state, 1))
     path = os.path.join(self.dir, 'checkpoints', 'round_1', 'state.npz')
     with open(path, 'rb') as f:
       data = bytearray(f.read())
@@ -384,31 +402,31 @@ class CheckpointFilesTest(absltest.TestCase):
     data[at] ^= 0x01
     with open(path, 'wb') as f:
       f.write(bytes(data))
-    with self.assertRaisesRegex(round_loop.CheckpointError, 'round_1, cannot be read'):
-      round_loop.newest_checkpoint_round(self.dir)
-    with self.assertRaises(round_loop.CheckpointError):
-      round_loop.load_checkpoint(self.dir, self.state['server_state'])
+    with self.assertRaisesRegex(run_directory.CheckpointError, 'round_1, cannot be read'):
+      run_directory.newest_checkpoint_round(self.dir)
+    with self.assertRaises(run_directory.CheckpointError):
+      run_directory.load_checkpoint(self.dir, self.state['server_state'])
 
   def test_another_models_state_is_refused_with_the_reason(self):
-    asyncio.run(round_loop.checkpoint_manager(self.dir).save(self.state, 1))
+    asyncio.run(run_directory.checkpoint_manager(self.dir).save(self.state, 1))
     other = dict(self.state, server_state={'weights': [np.zeros((4, 4), np.float32),
                                                        np.arange(5)],
                                            'momentum': [np.zeros(7, np.float32)]})
-    with self.assertRaisesRegex(round_loop.CheckpointError, 'written by another model or task'):
-      round_loop.load_checkpoint(self.dir, other['server_state'])
+    with self.assertRaisesRegex(run_directory.CheckpointError, 'written by another model or task'):
+      run_directory.load_checkpoint(self.dir, other['server_state'])
 
   def test_bytes_round_trip_exactly_and_values_that_need_pickle_are_refused(self):
     # An aggregator's state can hold bytes (--aggregator=dp's does): trailing zeros included.
     state = dict(self.state, server_state=dict(self.state['server_state'],
                                                aggregator=b'\x00dp\x00state\x00\x00'))
-    asyncio.run(round_loop.checkpoint_manager(self.dir).save(state, 1))
-    loaded = round_loop.load_checkpoint(self.dir, state['server_state'])
+    asyncio.run(run_directory.checkpoint_manager(self.dir).save(state, 1))
+    loaded = run_directory.load_checkpoint(self.dir, state['server_state'])
     self.assertEqual(loaded['server_state']['aggregator'], b'\x00dp\x00state\x00\x00')
     self.assert_same(loaded['server_state']['weights'], state['server_state']['weights'])
     bad = dict(self.state, best_round={'a': np.array([b'a', b'bc'], dtype=object)})
     with self.assertRaisesRegex(TypeError, 'value 1 .ndarray. is not bytes or an array of '
                                 'numbers or text'):
-      asyncio.run(round_loop.checkpoint_manager(self.dir).save(bad, 2))
+      asyncio.run(run_directory.checkpoint_manager(self.dir).save(bad, 2))
     self.assertEqual(sorted(os.listdir(os.path.join(self.dir, 'checkpoints'))), ['round_1'])
 
   def test_a_run_checkpointed_as_saved_models_resumes_and_goes_on_in_the_new_format(self):
@@ -418,13 +436,14 @@ class CheckpointFilesTest(absltest.TestCase):
     asyncio.run(old.save(self.state, 1))
     self.assertTrue(os.path.exists(os.path.join(self.dir, 'checkpoints', 'round_1',
                                                 'saved_model.pb')))
-    self.assertEqual(round_loop.newest_checkpoint_round(self.dir), 1)
-    loaded = round_loop.load_checkpoint(self.dir, self.state['server_state'])
+    self.assertEqual(run_directory.newest_checkpoint_round(self.dir), 1)
+    loaded = run_directory.load_checkpoint(self.dir, self.state['server_state'])
     for a, b in zip(tf.nest.flatten(loaded), tf.nest.flatten(self.state)):
       np.testing.assert_array_equal(a, b)
-    manager = round_loop.checkpoint_manager(self.dir)
+    manager = run_directory.checkpoint_manager(self.dir)
     asyncio.run(manager.save(self.state, 2))
-    self.assert_same(round_loop.load_checkpoint(self.dir, self.state['server_state']), self.state)
+    self.assert_same(run_directory.load_checkpoint(self.dir, self.state['server_state']),
+                     self.state)
     asyncio.run(manager.save(self.state, 3))  # The old version is removed as any other.
     self.assertEqual(sorted(os.listdir(os.path.join(self.dir, 'checkpoints'))),
                      ['round_2', 'round_3'])

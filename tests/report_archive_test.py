@@ -1,5 +1,5 @@
 """bin/report's collapse measures over rounds and its archive (tff_decorr/studies/run_spectra.py,
-report.archive), over a tiny real study on the embedded digits task.
+archive.py), over a tiny real study on the embedded digits task.
 
 The study exports the global model every round and client 0's local model of round 2
 (--export_every=1 --save_local_models=0 --save_local_rounds=2). The measures are checked against
@@ -10,8 +10,6 @@ SavedModel left to load.
 import csv
 import json
 import os
-import shutil
-import tempfile
 
 from absl.testing import absltest
 import numpy as np
@@ -35,12 +33,11 @@ def _effective_rank(eig):
   return float(np.exp(-np.sum(p * np.log(p))))
 
 
-class ArchiveTest(absltest.TestCase):
+class ArchiveTest(testutil.ClassTempDir, absltest.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.tmp = tempfile.mkdtemp()
     cls.archive = os.path.join(cls.tmp, 'archive')
     # Two sittings, as on two machines: each a study of one seed, archived into one directory.
     cls.study_dirs = [os.path.join(cls.tmp, f'study{seed}') for seed in (0, 1)]
@@ -58,11 +55,6 @@ class ArchiveTest(absltest.TestCase):
         '--thresholds=20,95'), 'bin/report on the archive')
     from tff_decorr.tasks import registry  # pylint: disable=g-import-not-at-top
     cls.images = np.concatenate([x.numpy() for x, _ in registry.get('digits').test_dataset(None)])
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.tmp, ignore_errors=True)
-    super().tearDownClass()
 
   def _runs(self):
     return sorted(n for d in self.study_dirs for n in os.listdir(os.path.join(d, 'runs')))
@@ -155,7 +147,7 @@ class ArchiveTest(absltest.TestCase):
           self.assertTrue(cell.startswith('not reached'), cell)
 
   def test_archiving_again_keeps_what_the_running_sitting_recorded(self):
-    from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
+    from tff_decorr.studies import archive  # pylint: disable=g-import-not-at-top
     path = os.path.join(self.archive, 'study.json')
     with open(path) as f:
       before = {c['name']: c for c in json.load(f)['cells']}
@@ -174,7 +166,7 @@ class ArchiveTest(absltest.TestCase):
       cell.pop('wall_time_s', None)
     with open(manifest_path, 'w') as f:
       json.dump(manifest, f)
-    self.assertEqual(sorted(report.archive(self.study_dirs[0], self.archive, log=lambda _: None)),
+    self.assertEqual(sorted(archive.archive(self.study_dirs[0], self.archive, log=lambda _: None)),
                      seed0)
     with open(path) as f:
       after = {c['name']: c for c in json.load(f)['cells']}

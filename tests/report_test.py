@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 
 from absl.testing import absltest
 from matplotlib import colors as mcolors
@@ -43,12 +42,11 @@ def _effective_rank(saved_model, images):
   return float(np.exp(-np.sum(p * np.log(p))))
 
 
-class ReportTest(absltest.TestCase):
+class ReportTest(testutil.ClassTempDir, absltest.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.tmp = tempfile.mkdtemp()
     cls.study_dir = os.path.join(cls.tmp, 'study')
     common = [f'--study_dir={cls.study_dir}', '--regularizer=none,feddecorr', *_TINY,
               f'--cache_dir={os.path.join(cls.tmp, "cache")}']
@@ -82,11 +80,6 @@ class ReportTest(absltest.TestCase):
   def _finished(self, regularizer):
     return [(n, s) for n, c, s in self.runs
             if c['regularizer'] == regularizer and s is not None and s['final_round'] == 2]
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.tmp, ignore_errors=True)
-    super().tearDownClass()
 
   def test_table_mean_and_std_over_the_runs_own_summaries(self):
     self.assertEqual(set(self.rows), {'none', 'feddecorr'})
@@ -356,22 +349,23 @@ class GroupTest(absltest.TestCase):
 
   @staticmethod
   def _run(seed, final, alpha='0.1', status='done', **flags):
-    from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
-    return report.Run(name=f'r{len(flags)}{seed}{final}', path='', rounds=2, status=status,
+    from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
+    return aggregate.Run(name=f'r{len(flags)}{seed}{final}', path='', rounds=2, status=status,
                       rounds_done=2 if status == 'done' else 1, log='',
                       flags={'dirichlet_alpha': alpha, **flags, 'seed': str(seed)},
                       summary={'final_test_accuracy': final, 'best_test_accuracy': final + 0.1}
                       if status == 'done' else None)
 
   def test_each_setting_of_a_regulariser_is_compared_with_its_baseline(self):
-    from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
+    from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
+    from tff_decorr.studies import figures  # pylint: disable=g-import-not-at-top
     runs = [self._run(0, 0.50, regularizer='none'), self._run(1, 0.60, regularizer='none'),
             self._run(2, 0.99, regularizer='none', status='incomplete'),
             self._run(0, 0.70, regularizer='feddecorr', feddecorr_beta='0.05'),
             self._run(1, 0.80, regularizer='feddecorr', feddecorr_beta='0.05'),
             self._run(0, 0.40, regularizer='feddecorr', feddecorr_beta='0.1'),
             self._run(0, 0.20, regularizer='none', alpha='0.5')]
-    rows = report.group(runs, ['dirichlet_alpha', 'regularizer', 'feddecorr_beta', 'seed'])
+    rows = aggregate.group(runs, ['dirichlet_alpha', 'regularizer', 'feddecorr_beta', 'seed'])
     stats = {r.label: r.stats for r in rows}
     self.assertEqual(list(stats), [
         'dirichlet_alpha=0.1 regularizer=none',
@@ -386,20 +380,20 @@ class GroupTest(absltest.TestCase):
     self.assertAlmostEqual(beta1['best_test_accuracy_delta_vs_none'], 0.5 - 0.65)
     self.assertTrue(np.isnan(beta1['final_test_accuracy_std']))  # One run: no std.
     # Curves: a panel per --dirichlet_alpha; --feddecorr_beta is the regulariser's own setting.
-    self.assertEqual(report._curve_axes(['dirichlet_alpha', 'regularizer', 'feddecorr_beta',
+    self.assertEqual(figures._curve_axes(['dirichlet_alpha', 'regularizer', 'feddecorr_beta',
                                          'seed']),
                      (['regularizer', 'feddecorr_beta'], ['dirichlet_alpha']))
 
 
-class FiguresTest(absltest.TestCase):
+class FiguresTest(testutil.ClassTempDir, absltest.TestCase):
   """bin/report's figures and LaTeX from runs built here: 2 algorithms x 2 regularisers x 2
   --dirichlet_alpha x 2 seeds, with curves and spectra of very different scales."""
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
-    cls.tmp = tempfile.mkdtemp()
+    from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
+    from tff_decorr.studies import figures  # pylint: disable=g-import-not-at-top
     cls.axes = ['dirichlet_alpha', 'algorithm', 'regularizer', 'fedprox_mu', 'seed']
     rng = np.random.default_rng(0)
     runs = []
@@ -417,21 +411,16 @@ class FiguresTest(absltest.TestCase):
             with open(os.path.join(path, 'metrics.csv'), 'w') as f:
               f.write('round,test_accuracy\n' + ''.join(f'{r + 1},{a}\n' for r, a in
                                                          enumerate(acc)))
-            run = report.Run(name=f'run{len(runs)}', path=path, flags=flags, rounds=5,
+            run = aggregate.Run(name=f'run{len(runs)}', path=path, flags=flags, rounds=5,
                              status='done', rounds_done=5, log='',
                              summary={'final_test_accuracy': acc[-1],
                                       'best_test_accuracy': acc.max()})
             # Scales from 1e3 down to 1e-80 of the largest: the raw log axis would span 83 decades.
             run.spectrum = 1e3 * np.geomspace(1, 1e-80, 64) * rng.uniform(0.5, 2)
             runs.append(run)
-    cls.rows = report.group(runs, cls.axes)
-    cls.curves = report.curves(cls.rows, cls.axes)
-    cls.spectra = report.spectra_panels(cls.rows, cls.axes)
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.tmp, ignore_errors=True)
-    super().tearDownClass()
+    cls.rows = aggregate.group(runs, cls.axes)
+    cls.curves = figures.curves(cls.rows, cls.axes)
+    cls.spectra = figures.spectra_panels(cls.rows, cls.axes)
 
   @staticmethod
   def _drawn(fig):
@@ -489,8 +478,8 @@ class FiguresTest(absltest.TestCase):
       self.assertTrue(saved.x1 >= legend.x1 and saved.y0 <= legend.y0, (saved, legend))
 
   def test_latex_bolds_each_columns_best(self):
-    from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
-    tex = report.latex(self.rows, self.axes, spectra=False)
+    from tff_decorr.studies import tables  # pylint: disable=g-import-not-at-top
+    tex = tables.latex(self.rows, self.axes, spectra=False)
     self.assertIn(r'\toprule', tex)
     self.assertIn(r'\bottomrule', tex)
     self.assertIn(r'dirichlet\_alpha', tex)  # Escaped.

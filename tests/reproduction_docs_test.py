@@ -11,7 +11,7 @@ from absl.testing import absltest
 
 from bench.accuracy import reproduction
 from tests import testutil
-from tff_decorr.studies import report
+from tff_decorr.studies import aggregate
 from tff_decorr.studies import study
 
 _ROOT = testutil.REPO_ROOT  # The source tree, also under Bazel (its runfiles hold no docs).
@@ -36,7 +36,7 @@ class ReproductionDocsTest(absltest.TestCase):
       flags.FLAGS(['reproduction_docs_test'])
     archive = reproduction.archive_dir()
     manifest = study.read_manifest(archive)
-    cls.runs = [r for r in report.load_runs(archive, manifest) if r.done]
+    cls.runs = [r for r in aggregate.load_runs(archive, manifest) if r.done]
 
   def test_effects_block_is_current(self):
     self.assertEqual(_block('docs/reproduction.md', 'reproduction-effects'),

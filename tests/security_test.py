@@ -18,12 +18,13 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
+from tests import testutil
 from tff_decorr.algorithms import testing
 from tff_decorr.run_files import client_state
 from tff_decorr.run_files import export
 from tff_decorr.run_files import graph_check
-from tff_decorr.run import round_loop
-from tff_decorr.studies import report
+from tff_decorr.run_files import run_directory
+from tff_decorr.studies import page
 
 _MARKER = os.path.join(tempfile.gettempdir(), f'security_test_pickle_ran_{os.getpid()}')
 
@@ -74,12 +75,11 @@ class _Snoop(tf.Module):
             'representation': tf.zeros([tf.shape(images)[0], 4])}
 
 
-class SavedModelScanTest(absltest.TestCase):
+class SavedModelScanTest(testutil.ClassTempDir, absltest.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.tmp = tempfile.mkdtemp()
     cls.secret = os.path.join(cls.tmp, 'secret.txt')
     with open(cls.secret, 'w') as f:
       f.write('private')
@@ -88,11 +88,6 @@ class SavedModelScanTest(absltest.TestCase):
     cls.hostile = os.path.join(cls.tmp, 'hostile')
     tf.saved_model.save(module, cls.hostile,
                         signatures={'serving_default': module.__call__})
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.tmp, ignore_errors=True)
-    super().tearDownClass()
 
   def test_a_savedmodel_that_reads_files_is_refused_before_loading(self):
     refused = dict(graph_check.unsafe_operations(self.hostile))
@@ -111,7 +106,7 @@ class SavedModelScanTest(absltest.TestCase):
     shutil.copytree(self.hostile, os.path.join(run, 'checkpoints', 'round_1'))
     with self.assertRaisesRegex(graph_check.UnsafeGraphError, r'the checkpoint .*round_1 contains '
                                 'operations tff_decorr never writes: .*ReadFile'):
-      round_loop.newest_checkpoint_round(run)
+      run_directory.newest_checkpoint_round(run)
     self.assertFalse(os.path.exists(self.stolen))
     # Control: loading and calling it does read and write (the scan is not refusing a no-op).
     tf.saved_model.load(self.hostile).signatures['serving_default'](images=tf.zeros([1, 8, 8, 1]))
@@ -129,9 +124,9 @@ class SavedModelScanTest(absltest.TestCase):
     run = os.path.join(self.tmp, 'ckpt_run')
     state = {'round': 1, 'server_state': {'weights': weights}, 'best_accuracy': np.float64(0.5),
              'best_round': 1, 'last_accuracy': np.float64(0.5)}
-    asyncio.run(round_loop.checkpoint_manager(run).save(state, 1))
+    asyncio.run(run_directory.checkpoint_manager(run).save(state, 1))
     self.assertEqual(os.listdir(os.path.join(run, 'checkpoints', 'round_1')), ['state.npz'])
-    self.assertEqual(round_loop.newest_checkpoint_round(run), 1)
+    self.assertEqual(run_directory.newest_checkpoint_round(run), 1)
 
 
 class _Page(html.parser.HTMLParser):
@@ -152,10 +147,10 @@ class ReportTest(absltest.TestCase):
 
   def test_report_html_escapes_run_text_and_has_no_script(self):
     hostile = '<script>alert(1)</script><img src=x onerror=alert(2)>'
-    page = report.html_page(f'Study {hostile}', ['regularizer', 'accuracy'],
-                            [[hostile, '61.2 ± 0.4']], [f'note {hostile}'], {})
+    text = page.html_page(f'Study {hostile}', ['regularizer', 'accuracy'],
+                          [[hostile, '61.2 ± 0.4']], [f'note {hostile}'], {})
     parser = _Page()
-    parser.feed(page)
+    parser.feed(text)
     self.assertNotIn('script', parser.tags)
     self.assertNotIn('img', parser.tags)  # no figures were given; the hostile one is text
     self.assertIn(hostile, ''.join(parser.text))  # shown as text, intact

@@ -6,10 +6,8 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from unittest import mock
 
@@ -135,13 +133,12 @@ class GridTest(absltest.TestCase):
     client_data.check_shards(directory, ['0', '1'])
 
 
-class StudyCliTest(absltest.TestCase):
+class StudyCliTest(testutil.ClassTempDir, absltest.TestCase):
   """bin/study as a user runs it: one tiny study (2 regularisers x 2 seeds) for all cases."""
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.tmp = tempfile.mkdtemp()
     cls.cache = os.path.join(cls.tmp, 'cache')
     cls.study_dir = os.path.join(cls.tmp, 'study')
     cls.args = [f'--study_dir={cls.study_dir}', '--regularizer=none,feddecorr', '--seed=0,1',
@@ -177,11 +174,6 @@ class StudyCliTest(absltest.TestCase):
     with open(os.path.join(cls.study_dir, 'study.json'), 'w') as f:
       json.dump(tampered, f)
     cls.second = testutil.run_module('bin.study', *cls.args)
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.tmp, ignore_errors=True)
-    super().tearDownClass()
 
   def test_killed_study_resumes_and_skips_finished_runs(self):
     self.assertEqual(self.first.returncode, -signal.SIGKILL)

@@ -10,6 +10,7 @@ from absl.testing import absltest
 import numpy as np
 from PIL import Image
 
+from tests import testutil
 from tff_decorr.tasks import base
 from tff_decorr.tasks import domainnet
 from tff_decorr.tasks import office_caltech10
@@ -45,16 +46,15 @@ def _fake_tiny_imagenet_zip(path):
   return wnids, val
 
 
-class TinyImagenetTest(absltest.TestCase):
+class TinyImagenetTest(testutil.ClassTempDir, absltest.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    root = tempfile.mkdtemp()
-    cls.manual = os.path.join(root, 'manual')
+    cls.manual = os.path.join(cls.tmp, 'manual')
     os.makedirs(cls.manual)
     cls.wnids, cls.val = _fake_tiny_imagenet_zip(os.path.join(cls.manual, tiny_imagenet.ZIP_NAME))
-    cls.data_dir = os.path.join(root, 'tfds')
+    cls.data_dir = os.path.join(cls.tmp, 'tfds')
     tiny_imagenet.prepare(cls.data_dir, cls.manual)
 
   def test_task_reads_the_built_dataset_offline(self):
@@ -138,13 +138,12 @@ class TinyImagenetTest(absltest.TestCase):
       task.load_split('train', tempfile.mkdtemp())
 
 
-class OfficeCaltech10Test(absltest.TestCase):
+class OfficeCaltech10Test(testutil.ClassTempDir, absltest.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    root = tempfile.mkdtemp()
-    cls.manual = os.path.join(root, 'office_caltech_10')
+    cls.manual = os.path.join(cls.tmp, 'office_caltech_10')
     cls.expected = {'train': [], 'test': []}
     for d, domain in enumerate(office_caltech10.DOMAINS):
       for c, cls_name in enumerate(office_caltech10.CLASSES):
@@ -160,7 +159,7 @@ class OfficeCaltech10Test(absltest.TestCase):
           cls.expected[split].append((c, d))
         with open(os.path.join(folder, 'Thumbs.db'), 'w') as f:
           f.write('not an image')
-    cls.data_dir = os.path.join(root, 'tfds')
+    cls.data_dir = os.path.join(cls.tmp, 'tfds')
     office_caltech10.prepare(cls.data_dir, cls.manual)
 
   def test_splits_labels_domains(self):

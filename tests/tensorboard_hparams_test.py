@@ -60,16 +60,16 @@ class TensorboardHparamsTest(absltest.TestCase):
     self.assertEqual(events['scalars']['best_round'], [(4, 3.0)])
 
   def test_metrics_csv_rebuilt_from_tensorboard_holds_only_per_round_metrics(self):
-    from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
+    from tff_decorr.run_files import metrics_log  # pylint: disable=g-import-not-at-top
     run = tempfile.mkdtemp()
-    metrics = round_loop.Metrics(run)
+    metrics = metrics_log.Metrics(run)
     metrics.hparams(_config(seed=1), trial_id='run')
     for r in (1, 2):
       metrics.release({'test_accuracy': 0.25 * r, 'train_loss': 2.0 / r}, r)
     metrics.final({'final_round': 2, 'final_test_accuracy': 0.5, 'best_test_accuracy': 0.5,
                    'best_round': 2})
     os.remove(os.path.join(run, 'metrics.csv'))
-    round_loop.repair_metrics(run, 2, log=lambda _: None)
+    metrics_log.repair_metrics(run, 2, log=lambda _: None)
     with open(os.path.join(run, 'metrics.csv')) as f:
       header = f.readline().strip().split(',')
     self.assertCountEqual(header, ['round', 'test_accuracy', 'train_loss'])

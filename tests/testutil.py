@@ -1,10 +1,13 @@
-"""Helpers shared by the tests: where the repository and the shared test data are."""
+"""Helpers shared by the tests: where the repository and the shared test data are, a class's
+temporary folder (ClassTempDir), worker processes to connect to."""
 
 import contextlib
 import ipaddress
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -12,6 +15,20 @@ import psutil
 # Resolve through Bazel's runfiles symlinks to the source tree.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 PYTHON = os.path.join(REPO_ROOT, '.venv', 'bin', 'python')
+
+
+class ClassTempDir:
+  """A TestCase mixin: `cls.tmp`, a folder made before the class's tests and removed after them
+  (also when setUpClass fails or skips after it). Listed before the TestCase:
+  `class FooTest(testutil.ClassTempDir, absltest.TestCase)`."""
+
+  tmp: str
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tmp = tempfile.mkdtemp(prefix=f'{cls.__name__}_')
+    cls.addClassCleanup(shutil.rmtree, cls.tmp, ignore_errors=True)
 
 
 def shared_tfds_dir() -> str | None:

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import zipfile
 
 from absl.testing import absltest
@@ -45,12 +44,11 @@ def _checkout_files(folder):
           for f in files if f.endswith('.py') and '__pycache__' not in d}
 
 
-class WheelTest(absltest.TestCase):
+class WheelTest(testutil.ClassTempDir, absltest.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.tmp = tempfile.mkdtemp(prefix='tff_decorr_wheel_')
     src = os.path.join(cls.tmp, 'src')
     os.makedirs(src)
     for name in ('pyproject.toml', 'README.md'):
@@ -81,11 +79,6 @@ class WheelTest(absltest.TestCase):
             '--no-index', '--no-cache-dir', '--disable-pip-version-check', cls.wheel[0]])
     cls.outside = os.path.join(cls.tmp, 'elsewhere')
     os.makedirs(cls.outside)
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.tmp, ignore_errors=True)
-    super().tearDownClass()
 
   def test_one_wheel_one_sdist(self):
     self.assertLen(self.wheel, 1)

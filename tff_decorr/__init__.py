@@ -37,7 +37,7 @@ def _release_tff_default_context() -> None:
 
   That context holds a `ServiceManager` whose `__del__` reads `subprocess.Popen`; left to the
   interpreter's teardown, it runs after `subprocess` is gone and prints "Exception ignored in
-  ServiceManager.__del__ ... 'NoneType' object has no attribute 'Popen'" (tests/library_test.py).
+  ServiceManager.__del__ ... 'NoneType' object has no attribute 'Popen'".
   Imports nothing unless TFF was imported.
   """
   if 'tensorflow_federated' not in _sys.modules:

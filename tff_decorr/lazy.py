@@ -11,7 +11,17 @@ import importlib
 def lazy_module(name: str):
   """Module `name`, executed on its first attribute access (importlib.util.LazyLoader), or the
   module itself if it is imported already. A bin/ program names the modules it runs with at the
-  top, and still answers --help before they import TensorFlow."""
+  top, and still answers --help before they import TensorFlow.
+
+  Args:
+    name: a module's dotted name.
+
+  Returns:
+    The module object (registered in sys.modules), executed on first use.
+
+  Raises:
+    ModuleNotFoundError: no module of that name exists.
+  """
   import importlib.util  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   if name in sys.modules:
@@ -27,7 +37,15 @@ def lazy_module(name: str):
 
 
 def lazy_submodules(package: str):
-  """A module `__getattr__` that imports `package`'s submodules on first attribute access."""
+  """A module `__getattr__` that imports `package`'s submodules on first attribute access.
+
+  Args:
+    package: the package's dotted name (its `__name__`).
+
+  Returns:
+    getattr_(name): the submodule `package.name`, imported; AttributeError when there is none
+    (an import error inside an existing submodule propagates).
+  """
 
   def getattr_(name):
     try:

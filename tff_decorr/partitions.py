@@ -43,6 +43,7 @@ def _check_common(labels: np.ndarray, num_clients: int) -> None:
                      'fewer clients.')
 
 
+# Seven parameters: the reference's own settings (N, alpha, seed, min size, K) and a retry bound.
 def dirichlet_partition(labels: Sequence[int], num_clients: int, alpha: float, seed: int = 0,
                         min_size: int = 10, max_tries: int = 1000,
                         num_classes: Optional[int] = None) -> List[np.ndarray]:
@@ -92,26 +93,16 @@ def dirichlet_partition(labels: Sequence[int], num_clients: int, alpha: float, s
   if min_size * num_clients > len(labels):
     raise ValueError(f'--num_clients={num_clients}: every client needs at least {min_size} '
                      f'examples but there are only {len(labels)}; use fewer clients.')
-  n = len(labels)
   k_max = int(labels.max()) + 1
   if num_classes is None:
     num_classes = k_max
   elif num_classes < k_max:
     raise ValueError(f'num_classes={num_classes} but the labels go up to {k_max - 1}.')
-  classes = range(num_classes)
   # A tiny alpha makes some draws all zero (0/0 below): those draws are rejected like the
   # reference's, and NumPy's warnings about them would only precede the one-line error.
   with _legacy_global_rng(seed), np.errstate(divide='ignore', invalid='ignore'):
     for _ in range(max_tries):
-      idx_batch = [[] for _ in range(num_clients)]
-      for k in classes:
-        idx_k = np.where(labels == k)[0]
-        np.random.shuffle(idx_k)
-        p = np.random.dirichlet(np.repeat(alpha, num_clients))
-        p = np.array([pj * (len(idx_j) < n / num_clients) for pj, idx_j in zip(p, idx_batch)])
-        p = p / p.sum()
-        cuts = (np.cumsum(p) * len(idx_k)).astype(int)[:-1]
-        idx_batch = [idx_j + idx.tolist() for idx_j, idx in zip(idx_batch, np.split(idx_k, cuts))]
+      idx_batch = _dirichlet_draw(labels, num_clients, alpha, num_classes)
       if min(len(b) for b in idx_batch) >= min_size:
         break
     else:
@@ -124,6 +115,22 @@ def dirichlet_partition(labels: Sequence[int], num_clients: int, alpha: float, s
       np.random.shuffle(b)
       out.append(np.asarray(b, np.int64))
   return out
+
+
+def _dirichlet_draw(labels: np.ndarray, num_clients: int, alpha: float,
+                    num_classes: int) -> List[list]:
+  """One try of the reference's draw from NumPy's global RNG: each client's example indices."""
+  n = len(labels)
+  idx_batch = [[] for _ in range(num_clients)]
+  for k in range(num_classes):
+    idx_k = np.where(labels == k)[0]
+    np.random.shuffle(idx_k)
+    p = np.random.dirichlet(np.repeat(alpha, num_clients))
+    p = np.array([pj * (len(idx_j) < n / num_clients) for pj, idx_j in zip(p, idx_batch)])
+    p = p / p.sum()
+    cuts = (np.cumsum(p) * len(idx_k)).astype(int)[:-1]
+    idx_batch = [idx_j + idx.tolist() for idx_j, idx in zip(idx_batch, np.split(idx_k, cuts))]
+  return idx_batch
 
 
 def pathological_partition(labels: Sequence[int], num_clients: int, classes_per_client: int,

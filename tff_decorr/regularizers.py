@@ -153,6 +153,15 @@ def feddecorr_loss_paper(z: tf.Tensor) -> tf.Tensor:
   features (61x at N = 64, d = 1280). The paper's form is therefore about N times smaller, and the
   coefficient beta = 0.1 of the papers' experiments is calibrated for `feddecorr_loss`.
   0 when N == 1.
+
+  Args:
+    z: [N, d] representations, as for `feddecorr_loss`.
+
+  Returns:
+    The paper's loss, a scalar tensor in `feddecorr_loss`'s dtype, not multiplied by beta.
+
+  Raises:
+    ValueError: as `feddecorr_loss`: z is not a matrix when its rank is known.
   """
   z = _as_float(z)
   _check_rank2(z, 'feddecorr_loss_paper: z')
@@ -191,6 +200,15 @@ def uniformity_loss(z: tf.Tensor) -> tf.Tensor:
   loss = mean_{i<j} exp(-dist_ij / sigma). N < 2 (no pair): 0. All distances 0: every term is
   exp(0) = 1 whatever sigma, so sigma = 1 is used and the loss is 1 with zero gradient.
   Memory is O(N^2 d) for the differences (64 x 64 x 1280 floats = 21 MB at FedUV's batch size).
+
+  Args:
+    z: the classifier's inputs, [N, d] (any float dtype; integers are cast to float32).
+
+  Returns:
+    The loss in (0, 1], a scalar tensor (float64 for float64 z, else float32); 0 when N < 2.
+
+  Raises:
+    ValueError: z is not a matrix ([batch, features]) when its rank is known.
   """
   z = _as_float(z)
   _check_rank2(z, 'uniformity_loss: z')
@@ -220,6 +238,15 @@ def variance_loss(logits: tf.Tensor) -> tf.Tensor:
   perfectly spread one-hot predictions); loss = mean_k relu(gamma - s_k).
   N == 1 (unbiased std undefined): 0. A column with zero variance contributes gamma with a zero
   gradient through its std (sqrt has an infinite slope at 0; we use 0 there instead of NaN).
+
+  Args:
+    logits: the batch's logits, [N, C] (any float dtype; integers are cast to float32).
+
+  Returns:
+    The loss in [0, 1/sqrt(C)], a scalar tensor (float64 for float64 logits, else float32).
+
+  Raises:
+    ValueError: logits is not a matrix ([batch, classes]) when its rank is known.
   """
   logits = _as_float(logits)
   _check_rank2(logits, 'variance_loss: logits')
@@ -239,6 +266,15 @@ def decov_loss(z: tf.Tensor) -> tf.Tensor:
 
   C = (1/N) sum_i (z_i - mean)(z_i - mean)^T, the covariance over the batch with the 1/N of
   Cogswell et al. (not 1/(N-1)). N == 1 gives C = 0 and loss 0.
+
+  Args:
+    z: the batch's representations, [N, d] (any float dtype; integers are cast to float32).
+
+  Returns:
+    The loss, a non-negative scalar tensor (float64 for float64 z, else float32).
+
+  Raises:
+    ValueError: z is not a matrix ([batch, features]) when its rank is known.
   """
   z = _as_float(z)
   _check_rank2(z, 'decov_loss: z')
@@ -262,6 +298,16 @@ def structured_decov_loss(z: tf.Tensor, groups: int) -> tf.Tensor:
   G = d (every unit its own group) is DeCov exactly; G = 1 is 0. N == 1 gives 0.
   SDC also has a term that encourages the units of one group to be correlated; its exact form
   was not available to us and it is not implemented (docs/algorithms.md, Structured-DeCov).
+
+  Args:
+    z: the batch's representations, [N, d] (any float dtype; integers are cast to float32).
+    groups: G, the number of groups (an integer >= 1; more than d counts as d).
+
+  Returns:
+    The loss, a non-negative scalar tensor (float64 for float64 z, else float32).
+
+  Raises:
+    ValueError: z is not a matrix when its rank is known, or `groups` is not an integer >= 1.
   """
   z = _as_float(z)
   _check_rank2(z, 'structured_decov_loss: z')
@@ -402,11 +448,32 @@ def names() -> Tuple[str, ...]:
 
 
 def hparams_class(name: str) -> type:
+  """The HParams class regulariser `name` declared its settings with.
+
+  Args:
+    name: a name in `names()`.
+
+  Returns:
+    Its `hparams.HParams` subclass (`FedDecorrHParams` for 'feddecorr').
+
+  Raises:
+    ValueError: an unknown name (the message lists the choices).
+  """
   return _REGISTRY.get(name).HParams
 
 
 def drops_last_batch(name: str) -> bool:
-  """Whether clients of regulariser `name` train on full batches only."""
+  """Whether clients of regulariser `name` train on full batches only.
+
+  Args:
+    name: a name in `names()`.
+
+  Returns:
+    True when it was registered with `drop_last` (its method's code drops an incomplete batch).
+
+  Raises:
+    ValueError: an unknown name (the message lists the choices).
+  """
   return _REGISTRY.get(name).drop_last
 
 

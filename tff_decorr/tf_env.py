@@ -5,12 +5,12 @@ Import this module before `import tensorflow` (the binaries in bin/ do so first)
   from tff_decorr import tf_env  # pylint: disable=unused-import
 
 It turns on TensorFlow's oneDNN kernels (`TF_ENABLE_ONEDNN_OPTS=1`) unless the user set the
-variable: TF 2.14 enables them by default only on CPUs with AVX512-VNNI, AVX512-BF16 or AMX, and on
-an AVX2 CPU its own backward convolutions made a ResNet20 client step 1.4x slower (0.74 against 0.54
-CPU-s). The variable is read once, when TensorFlow starts, so it must be in the environment before
-the import; TFF's `worker_binary` (a separate, statically linked TensorFlow) reads it from its own
-environment, which `tff_context.WorkerProcess` builds with `worker_environment()`. oneDNN changes
-float rounding (docs/benchmarks.md §6). `TF_ENABLE_ONEDNN_OPTS=0` in the environment keeps it off.
+variable: TF 2.14 enables them by default only on CPUs with AVX512-VNNI, AVX512-BF16 or AMX, and
+without them a client step costs more CPU time (docs/benchmarks.md §1, "oneDNN"). The variable is
+read once, when TensorFlow starts, so it must be in the environment before the import; TFF's
+`worker_binary` (a separate, statically linked TensorFlow) reads it from its own environment, which
+`tff_context.WorkerProcess` builds with `worker_environment()`. oneDNN changes float rounding
+(docs/benchmarks.md §6). `TF_ENABLE_ONEDNN_OPTS=0` in the environment keeps it off.
 
 It also quiets gRPC's informational lines (`GRPC_VERBOSITY=ERROR` unless set), and the binaries
 call `quiet_known_noise()`, which drops a few lines TensorFlow's C++ runtime prints on every run
@@ -70,14 +70,25 @@ _filter_process = None
 
 
 def configure(environ: Optional[MutableMapping[str, str]] = None) -> None:
-  """Adds the project's defaults to `environ` (default: this process's), keeping the user's."""
+  """Adds the project's defaults to `environ`, keeping every variable the user set.
+
+  Args:
+    environ: the environment to complete in place; None: this process's (`os.environ`).
+  """
   environ = os.environ if environ is None else environ
   for name, value in _DEFAULTS.items():
     environ.setdefault(name, value)
 
 
 def worker_environment(base: Optional[Mapping[str, str]] = None) -> dict:
-  """`base` (default: this process's environment) plus the defaults, for a child process."""
+  """The environment for a child process (TFF's worker): `base` plus the project's defaults.
+
+  Args:
+    base: the environment to start from (not modified); None: this process's.
+
+  Returns:
+    A new dict: `base`'s variables, and each default `base` does not set.
+  """
   env = dict(os.environ if base is None else base)
   configure(env)
   return env

@@ -3,7 +3,8 @@ r"""Test accuracy of a finished run's last iterate and of the average of its las
 FedExP's paper (Jhunjhunwala et al. 2023) reports the average of the last two global models,
 (x_T + x_{T-1}) / 2, because FedExP's iterates oscillate; the reference evaluates the last one.
 Training does not depend on what is evaluated, so a run that kept its last two checkpoints (every
-run keeps two: tff_decorr.run.round_loop.checkpoint_manager) answers both without training again.
+run keeps two: tff_decorr.run_files.run_directory.checkpoint_manager) answers both without training
+again.
 This reads them and evaluates, on the run's test split as bin/train does, the last iterate, the one
 before, their average over every variable (BN statistics included) and their average over the
 trainable variables with the last iterate's BN statistics (as the FedExP authors' code averages its
@@ -47,14 +48,14 @@ def global_models(run_dir: str):
   two newest checkpoints, which must be consecutive rounds ending at the run's last."""
   from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import composition  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run_files import run_directory  # pylint: disable=g-import-not-at-top
   with open(os.path.join(run_dir, 'config.json')) as f:
     config = config_lib.from_dict(json.load(f))
   exp = composition.Experiment(config, log=lambda s: None)
   alg = exp.algorithm
-  structure = round_loop._checkpoint_structure(  # pylint: disable=protected-access
+  structure = run_directory.checkpoint_structure(
       alg.initial_server_state(alg.initial_weights()))
-  manager = round_loop.checkpoint_manager(run_dir)
+  manager = run_directory.checkpoint_manager(run_dir)
   versions = sorted(asyncio.run(manager.get_versions()) or [])
   if versions[-2:] != [config.rounds - 1, config.rounds]:
     raise ValueError(f'{run_dir}: checkpoints {versions}, not rounds {config.rounds - 1} and '

@@ -298,14 +298,14 @@ def _late_rounds_table(runs, path: str) -> None:
   (docs/reproduction.md), so the last round's accuracy depends on which phase it falls in; a
   mean over whole periods does not.
   """
-  from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
+  from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
   total = settings.REPRODUCTION['rounds']
   first = total - total // 3 + 1
   lines = [f'| run | seed | rounds | final | best | mean, rounds {first}-{total} | '
            f'odd rounds {first}-{total} | even rounds {first}-{total} |', '|---' * 8 + '|']
   rows = []
   for r in runs:
-    x, y = report.read_curve(r.path)
+    x, y = aggregate.read_curve(r.path)
     rows.append((f'{LABELS[r.flags.get("regularizer")]}, project', r.flags.get('seed', '?'), x, y))
   for method in METHODS:
     for seed, x, y, finished in _reference_curves().get(method, []):
@@ -334,11 +334,11 @@ MEASURES = (('final', 'final test accuracy (%)'), ('best', 'best test accuracy (
 def seed_measures(runs) -> dict:
   """{method: {seed: {measure: value}}} of the finished project runs (accuracies in %)."""
   from tff_decorr.collapse import analysis  # pylint: disable=g-import-not-at-top
-  from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
+  from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
   from tff_decorr.studies import run_spectra  # pylint: disable=g-import-not-at-top
   out = {}
   for r in runs:
-    x, y = report.read_curve(r.path)
+    x, y = aggregate.read_curve(r.path)
     if not y.size:
       continue
     total = int(r.flags.get('rounds', x[-1]))
@@ -443,6 +443,7 @@ def replace_block(path: str, name: str, text: str) -> bool:
 
 def _figures() -> None:
   from tff_decorr.collapse import plots  # pylint: disable=g-import-not-at-top
+  from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
   from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
   from tff_decorr.studies import study  # pylint: disable=g-import-not-at-top
   docs = os.path.join(_ROOT, 'docs', 'reproduction', variant())
@@ -452,7 +453,7 @@ def _figures() -> None:
   for kind in [k for k in written if k.endswith(('_svg', '_pdf'))]:
     os.remove(written.pop(kind))  # The page shows the PNGs (report.html embeds them).
   manifest = study.read_manifest(archive_dir())
-  runs = [r for r in report.load_runs(archive_dir(), manifest) if r.done]
+  runs = [r for r in aggregate.load_runs(archive_dir(), manifest) if r.done]
   panel = []
   # The mean curves are over the seeds both methods finished, so the two bands compare the same
   # seeds; a finished run whose pair is still training is drawn on its own.
@@ -460,7 +461,7 @@ def _figures() -> None:
                for m in METHODS}
   paired_seeds = sorted(set.intersection(*(set(v) for v in by_method.values())), key=int)
   for k, method in enumerate(METHODS):
-    curves = [report.read_curve(by_method[method][s].path) for s in paired_seeds]
+    curves = [aggregate.read_curve(by_method[method][s].path) for s in paired_seeds]
     curves = [c for c in curves if c[0].size]
     if curves:
       common = sorted(set.intersection(*(set(x.tolist()) for x, _ in curves)))
@@ -472,14 +473,14 @@ def _figures() -> None:
       panel.append({'label': f'{LABELS[method]}, project ({which})', 'color': f'C{k}',
                     'x': common, 'y': mean, 'std': std})
     for seed in sorted(set(by_method[method]) - set(paired_seeds), key=int):
-      x, y = report.read_curve(by_method[method][seed].path)
+      x, y = aggregate.read_curve(by_method[method][seed].path)
       panel.append({'label': f'{LABELS[method]}, project seed {seed} (its pair not finished)',
                     'color': f'C{k}', 'x': x, 'y': y, 'linestyle': ':'})
   in_progress = os.path.join(archive_dir(), 'in_progress')
   for name in sorted(os.listdir(in_progress)) if os.path.isdir(in_progress) else []:
     with open(os.path.join(in_progress, name, 'config.json')) as f:
       config = json.load(f)
-    x, y = report.read_curve(os.path.join(in_progress, name))
+    x, y = aggregate.read_curve(os.path.join(in_progress, name))
     k = METHODS.index(config['regularizer'])
     panel.append({'label': f'{LABELS[config["regularizer"]]}, project seed {config["seed"]} '
                            f'(training: {len(x)}/{config["rounds"]} rounds)', 'color': f'C{k}',

@@ -61,7 +61,7 @@ def child(pop: int, out: str) -> None:
   """One setting: writes out/result.json."""
   import psutil  # pylint: disable=g-import-not-at-top
   from tff_decorr.tasks import client_data  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run_files import client_state  # pylint: disable=g-import-not-at-top
+  from tff_decorr.run_files import run_directory  # pylint: disable=g-import-not-at-top
   from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import composition  # pylint: disable=g-import-not-at-top
   from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
@@ -87,9 +87,9 @@ def child(pop: int, out: str) -> None:
                                                      epochs=1)
   runtime = exp.runtime(out)
   initial = exp.algorithm.initial_weights()
-  store = client_state.ClientStateStore(
-      os.path.join(out, 'client_states'),
-      initial_fn=lambda: exp.algorithm.initial_client_state(initial))
+  directory = run_directory.RunDirectory(out, config.rounds, log=lambda s: None)
+  # Every client's state on disk, as a stateful algorithm's: the store's cost is measured too.
+  directory.open_client_states(True, lambda: exp.algorithm.initial_client_state(initial))
   worker_rss = []
 
   def on_round_end(round_num, server_state):
@@ -99,12 +99,11 @@ def child(pop: int, out: str) -> None:
     if rss:
       worker_rss.append(max(rss))
 
-  loop = round_loop.LoopConfig(rounds=config.rounds, num_clients=pop,
-                            clients_per_round=config.clients_per_round, seed=0,
-                            eval_every=config.rounds)
-  round_loop.run(runtime=runtime, algorithm=exp.algorithm, store=store, loop=loop, output_dir=out,
-              evaluate_fn=lambda s, r: {}, export_fn=lambda *args: None,
-              on_round_end=on_round_end, log=lambda s: None)
+  loop = round_loop.LoopConfig(num_clients=pop, clients_per_round=config.clients_per_round,
+                               seed=0, eval_every=config.rounds)
+  hooks = round_loop.RoundHooks(evaluate=lambda s, r: {}, export=lambda *args: None,
+                                on_round_end=on_round_end)
+  round_loop.run(runtime, exp.algorithm, loop, directory, hooks)
   with open(os.path.join(out, 'metrics.csv')) as f:
     metrics = list(csv.DictReader(f))
   times = [float(m['round_time_s']) for m in metrics]

@@ -70,16 +70,38 @@ def names() -> tuple:
 
 
 def algorithm_class(name: str) -> type:
+  """The Algorithm subclass registered as `name`.
+
+  Args:
+    name: a name in `names()`.
+
+  Returns:
+    The class (not an instance).
+
+  Raises:
+    ValueError: an unknown name (the message lists the choices).
+  """
   if name not in _REGISTRY:
     raise ValueError(f'--algorithm={name!r} is unknown; choose one of {", ".join(names())}.')
   return _REGISTRY[name]
 
 
 def hparams_class(name: str) -> type:
-  """The frozen dataclass of algorithm `name`'s hyper-parameters (tff_decorr.hparams)."""
+  """The frozen dataclass of algorithm `name`'s hyper-parameters (tff_decorr.hparams).
+
+  Args:
+    name: a name in `names()`.
+
+  Returns:
+    Its `hparams.HParams` subclass (`hparams.NoHParams` for an algorithm without settings).
+
+  Raises:
+    ValueError: an unknown name (the message lists the choices).
+  """
   return algorithm_class(name).HParams
 
 
+# Seven parameters: the algorithm, its model and client settings, then run facts some need.
 def build(name: str, model_fn: Callable, config: ClientConfig = ClientConfig(),
           regularizer: Optional[Callable] = None, hparams=None, *,
           num_clients: Optional[int] = None, local_epochs: int = 1,

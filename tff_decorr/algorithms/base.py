@@ -40,6 +40,14 @@ class ClientOutput(NamedTuple):
 
 
 def num_elements(structure) -> int:
+  """The number of scalars in a nested structure of tensors or arrays.
+
+  Args:
+    structure: a nest (tf.nest) of tensors or arrays with static shapes.
+
+  Returns:
+    The sum of their sizes.
+  """
   return int(sum(int(np.prod(t.shape)) for t in tf.nest.flatten(structure)))
 
 
@@ -107,43 +115,107 @@ class Algorithm:
 
   # ---- state ----
   def initial_weights(self) -> list:
-    """Weights of the model built by model_fn() at construction (seed Keras first to fix them)."""
+    """Weights of the model built by model_fn() at construction (seed Keras first to fix them).
+
+    Returns:
+      A new list of NumPy arrays, in `model.weights` order.
+    """
     return [np.array(w) for w in self._initial_weights]
 
   def initial_server_state(self, weights: Sequence) -> dict:
+    """The server state before round 1; an algorithm with server state of its own overrides it.
+
+    Args:
+      weights: the global model's starting weights (`initial_weights()`'s list).
+
+    Returns:
+      A nest of NumPy arrays; the base's is {'weights': [arrays]}.
+    """
     return {'weights': [np.asarray(w) for w in weights]}
 
   def initial_client_state(self, weights: Sequence) -> Any:
+    """A client's state before its first round (a `stateful` algorithm overrides it).
+
+    Args:
+      weights: the global model's starting weights.
+
+    Returns:
+      A nest of NumPy arrays, the same structure for every client; `NO_CLIENT_STATE` here.
+    """
     del weights
     return NO_CLIENT_STATE
 
   def global_weights(self, server_state) -> list:
-    """The global model's flat weights (for evaluation / export)."""
+    """The global model's flat weights (for evaluation / export).
+
+    Args:
+      server_state: a state `initial_server_state` or `server_step` made.
+
+    Returns:
+      The weights in `model.weights` order (arrays or tensors, as the state holds them).
+    """
     return list(server_state['weights'])
 
   @property
   def personalized(self) -> bool:
     """True when part of each client's model never leaves the client (FedBN's BN variables), so
     the model a client deploys is `client_weights(...)`, not the global model, and test accuracy
-    is measured per client (docs/algorithms.md, "What is evaluated")."""
+    is measured per client (docs/algorithms.md, "What is evaluated").
+
+    Returns:
+      False here; True for an algorithm whose `client_weights` differ from the global model's.
+    """
     return False
 
   def client_weights(self, server_state, client_state) -> list:
-    """The flat weights of the model client `client_state` would deploy after this round."""
+    """The flat weights of the model client `client_state` would deploy after this round.
+
+    Args:
+      server_state: the server state after the round.
+      client_state: that client's state after the round.
+
+    Returns:
+      The weights in `model.weights` order; the global model's unless `personalized`.
+    """
     del client_state
     return self.global_weights(server_state)
 
   # ---- TF pieces ----
   def broadcast(self, server_state):
+    """What each sampled client receives from the server (TF ops).
+
+    Args:
+      server_state: the server state at the round's start.
+
+    Returns:
+      A nest of tensors, the same structure every round; the base's is {'weights': [...]}.
+    """
     return {'weights': list(server_state['weights'])}
 
   def update_reference(self, broadcast) -> list:
     """With upload == 'model': what a client's contribution / weight is measured from (the
-    broadcast weights it uploads; TF ops)."""
+    broadcast weights it uploads; TF ops).
+
+    Args:
+      broadcast: what `broadcast` sent the client.
+
+    Returns:
+      A list of tensors, one per tensor of the contribution a factory aggregates.
+    """
     return list(broadcast['weights'])
 
   def make_client_step(self, ws: Workspace):
-    """Returns the client step as a tf.function bound to workspace `ws`."""
+    """The client step as a tf.function bound to workspace `ws`.
+
+    The step adds the metrics every client reports: `bytes_up` (unless the algorithm reports
+    it), `bytes_down` and `clients`.
+
+    Args:
+      ws: the workspace (Keras models and optimiser variables) the step trains in.
+
+    Returns:
+      A tf.function (broadcast, dataset, client_state) -> ClientOutput, the weight float32.
+    """
     @tf.function
     def client_step(broadcast, dataset, client_state):
       out = self._client_step(ws, broadcast, dataset, client_state)
@@ -161,13 +233,33 @@ class Algorithm:
     raise NotImplementedError
 
   def server_step(self, server_state, contribution, weight):
+    """The round's new server state from the clients' summed uploads (TF ops; subclasses).
+
+    Args:
+      server_state: the server state at the round's start.
+      contribution: the sum over clients of their `ClientOutput.contribution`.
+      weight: the sum of their aggregation weights (float32 scalar; 0 when no client trained).
+
+    Returns:
+      The new server state, of `server_state`'s structure.
+    """
     raise NotImplementedError
 
   def server_metrics(self, server_state, contribution, weight, new_state) -> dict:
     """{name: scalar} of the round's server step (TF ops), from the state before it, what
     `server_step` was given and the state it made (after the round's variance clamp); the
     runtimes release them as metrics.csv / TensorBoard columns `server/<name>`. Kept out of the
-    server state, so checkpoints keep their structure. Default: none."""
+    server state, so checkpoints keep their structure. Default: none.
+
+    Args:
+      server_state: the state before the step.
+      contribution: what `server_step` was given, summed over clients.
+      weight: the summed aggregation weight.
+      new_state: the state `server_step` made.
+
+    Returns:
+      {name: scalar tensor}; {} here.
+    """
     del server_state, contribution, weight, new_state
     return {}
 
@@ -180,19 +272,43 @@ class Algorithm:
 
 
 def weighted(values, weight):
-  """Each value times the (float32) weight, in the value's own float type."""
+  """Each value times the (float32) weight, in the value's own float type.
+
+  Args:
+    values: a list of tensors or arrays.
+    weight: a scalar (the client's aggregation weight).
+
+  Returns:
+    A list of tensors, each `weight * value` cast to the value's dtype.
+  """
   values = [tf.convert_to_tensor(v) for v in values]
   return [tf.cast(weight, v.dtype) * v for v in values]
 
 
 def safe_average(summed, weight, fallback):
-  """summed / weight, or `fallback` when no client contributed (weight == 0)."""
+  """summed / weight, or `fallback` when no client contributed (weight == 0).
+
+  Args:
+    summed: a list of summed, weighted tensors.
+    weight: their summed weight (scalar).
+    fallback: a list of the same structure (the previous values, typically).
+
+  Returns:
+    A list of tensors: each summed / weight, or its fallback when weight is not positive.
+  """
   return [tf.where(weight > 0, s / tf.maximum(tf.cast(weight, s.dtype), 1e-30),
                    tf.convert_to_tensor(f)) for s, f in zip(summed, fallback)]
 
 
 def l2_norm(tensors) -> tf.Tensor:
-  """The L2 norm of a whole list of tensors, as one vector (float32 scalar; TF ops)."""
+  """The L2 norm of a whole list of tensors, as one vector (TF ops).
+
+  Args:
+    tensors: a non-empty list of tensors (any float dtype).
+
+  Returns:
+    A float32 scalar tensor.
+  """
   return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in tensors]))
 
 
@@ -200,7 +316,16 @@ def step_norms(server_state, new_state, delta) -> dict:
   """A server optimiser's two norms over the whole model state (BN statistics included):
   `update_norm` = |x_new - x|, the step the server applied to the global model, and
   `pseudo_gradient_norm` = |delta|, the aggregate it stepped from (Reddi et al.'s pseudo-gradient,
-  delta = the clients' example-weighted mean model minus x). TF ops."""
+  delta = the clients' example-weighted mean model minus x). TF ops.
+
+  Args:
+    server_state: the state before the step ({'weights': [...], ...}).
+    new_state: the state after it.
+    delta: the list of tensors the server stepped from.
+
+  Returns:
+    {'update_norm': float32 scalar, 'pseudo_gradient_norm': float32 scalar}.
+  """
   step = [tf.convert_to_tensor(a) - tf.convert_to_tensor(b)
           for a, b in zip(new_state['weights'], server_state['weights'])]
   return {'update_norm': l2_norm(step), 'pseudo_gradient_norm': l2_norm(delta)}
@@ -210,6 +335,14 @@ def nonnegative_variances(spec: ModelSpec, weights) -> list:
   """BN moving variances clamped at 0 (every other weight unchanged; TF ops). A server rule that
   can extrapolate a statistic (momentum, an adaptive optimiser, FedExp's eta_g >= 1, noise) would
   otherwise be able to push a variance below zero, and the model's normalisation would divide by
-  the square root of a negative number. 0 is safe: BN adds its epsilon before the square root."""
+  the square root of a negative number. 0 is safe: BN adds its epsilon before the square root.
+
+  Args:
+    spec: the model's ModelSpec (names, BN and trainable flags per weight).
+    weights: the flat weights, in the spec's order.
+
+  Returns:
+    A list of tensors: the weights, each non-trainable BN moving variance clamped at 0.
+  """
   return [tf.maximum(w, tf.zeros_like(w)) if b and not t and 'moving_variance' in n else w
           for w, n, b, t in zip(weights, spec.names, spec.batchnorm, spec.trainable)]

@@ -8,8 +8,8 @@ delta = avg_i(y_i) - x (example-weighted average of the whole state, as FedAvg),
 They differ: with server_lr=1 the 'tff' form takes steps about 1/(1-b) times larger.
 The momentum covers the trainable weights (BN gamma and beta included). Non-trainable state (BN
 moving mean and variance) follows the rule `bn` chooses (docs/algorithms.md, fedavgm):
-- bn='average' (the default since 4f05243): FedAvg's rule, s <- avg_i(s_i);
-- bn='ema' (the default until then): an exponential moving average toward the clients'
+- bn='average' (the default): FedAvg's rule, s <- avg_i(s_i);
+- bn='ema' (an earlier default): an exponential moving average toward the clients'
   example-weighted average with the same coefficient b, s <- b*s + (1-b)*avg_i(s_i);
 - bn='reference': the same momentum rule as the weights (the reference puts its whole state_dict
   through the momentum), then every moving variance clamped at 0 (base.nonnegative_variances).

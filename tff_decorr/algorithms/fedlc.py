@@ -31,7 +31,15 @@ class FedLCHParams(hparams.HParams):
 
 
 def calibration(counts: tf.Tensor, tau: float) -> tf.Tensor:
-  """[C] offsets subtracted from the logits: tau * n_c^(-1/4), +inf where n_c = 0 (tau > 0)."""
+  """[C] offsets subtracted from the logits: tau * n_c^(-1/4), +inf where n_c = 0 (tau > 0).
+
+  Args:
+    counts: the client's class sizes n_c, float [C].
+    tau: FedLC's calibration strength.
+
+  Returns:
+    The offsets, [C], in counts' dtype.
+  """
   present = counts > 0
   safe = tf.where(present, counts, tf.ones_like(counts))
   offset = tf.constant(tau, counts.dtype) * tf.pow(safe, -0.25)

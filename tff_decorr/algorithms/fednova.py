@@ -12,8 +12,7 @@ there is nothing to normalise: it becomes the clients' example-weighted mean, as
 sent as d_i = x - y_i (no 1/a_i) and applied without tau_eff. Through the normalised rule it
 would be x + sum_i p_i (tau_eff / a_i)(y_i - x), with tau_eff / a_i up to 1.56 on a CIFAR-10
 Dirichlet partition and coefficients summing to E_p[a] E_p[1/a] >= 1: an extrapolation past the
-clients' values that can make a moving variance negative and the evaluation NaN
-(tests/algorithms_test.py).
+clients' values that can make a moving variance negative and the evaluation NaN.
 Equal a_i for all clients gives FedAvg exactly. Normalising over the sampled clients makes it work
 under partial participation (the reference crashes there). Uploads: (n_i d_i, n_i a_i) with weight
 n_i, a delta (`upload = 'delta'`): the server receives their sums.

@@ -14,7 +14,17 @@ import tensorflow as tf
 
 
 def num_classes(model: tf.keras.Model) -> int:
-  """The width of the model's logits (dict outputs {'representation', 'logits'})."""
+  """The width of the model's logits (dict outputs {'representation', 'logits'}).
+
+  Args:
+    model: a functional Keras model.
+
+  Returns:
+    C, the number of classes.
+
+  Raises:
+    ValueError: the model has no 'logits' output of known width.
+  """
   try:
     return int(model.output_shape['logits'][-1])
   except (AttributeError, KeyError, TypeError, ValueError) as e:
@@ -23,7 +33,15 @@ def num_classes(model: tf.keras.Model) -> int:
 
 
 def dataset_label_counts(dataset: tf.data.Dataset, classes: int) -> tf.Tensor:
-  """float32 [classes]: how many examples of each class the batched (x, y) dataset holds."""
+  """How many examples of each class the batched (x, y) dataset holds (one pass, TF ops).
+
+  Args:
+    dataset: batches of (images, integer labels in [0, classes)).
+    classes: C.
+
+  Returns:
+    float32 [classes].
+  """
   def add(counts, batch):
     labels = tf.cast(tf.reshape(batch[1], [-1]), tf.int32)
     return counts + tf.math.bincount(labels, minlength=classes, maxlength=classes,

@@ -1,6 +1,6 @@
 """Tiny fixtures for tests of algorithms and runtimes: a BN model with dict outputs, synthetic data.
 
-Kept in the library (not in a test file) so algorithms_test and runtimes_test share them.
+Kept in the library (not in a test file) so the tests of algorithms and of runtimes share them.
 `client_dataset_fn(client_id, seed)` is built from TF ops only, as the task contract requires, so
 the TFF runtime can build the datasets inside its computation.
 """

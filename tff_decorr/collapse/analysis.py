@@ -70,14 +70,26 @@ class RepresentationStats:
 
   @property
   def dim(self) -> Optional[int]:
+    """d, the representation width (None until the first batch when not given)."""
     return self._dim
 
   @property
   def count(self) -> int:
+    """The number of examples added so far."""
     return self._count
 
   def add(self, z: Any) -> 'RepresentationStats':
-    """Adds a batch of representations, [n, d] (NumPy array or TF tensor, any float dtype)."""
+    """Adds a batch of representations.
+
+    Args:
+      z: [n, d] (NumPy array or TF tensor, any float dtype); n = 0 adds nothing.
+
+    Returns:
+      self, so that calls chain (`RepresentationStats().add(z).covariance()`).
+
+    Raises:
+      ValueError: z is not a finite [n, d] matrix, or its d differs from earlier batches'.
+    """
     z = _as_float64_matrix(z, 'z')
     n, d = z.shape
     if self._dim is None:
@@ -102,11 +114,26 @@ class RepresentationStats:
       raise ValueError('No representations were added; add at least one non-empty batch first.')
 
   def mean(self) -> np.ndarray:
+    """The mean representation.
+
+    Returns:
+      float64 [d].
+
+    Raises:
+      ValueError: nothing was added yet.
+    """
     self._require_data()
     return self._shift + self._sum / self._count
 
   def covariance(self) -> np.ndarray:
-    """Population covariance (1/N) sum (z_i - mean)(z_i - mean)^T, float64 [d, d], symmetric."""
+    """Population covariance (1/N) sum (z_i - mean)(z_i - mean)^T.
+
+    Returns:
+      float64 [d, d], symmetric.
+
+    Raises:
+      ValueError: nothing was added yet.
+    """
     self._require_data()
     m = self._sum / self._count
     cov = self._sum_outer / self._count - np.outer(m, m)
@@ -273,8 +300,8 @@ def singular_values(cov: Any) -> np.ndarray:
   """Singular values of a covariance matrix, descending, float64.
 
   A covariance is symmetric positive semi-definite, so its singular values are its eigenvalues. We
-  use `np.linalg.eigvalsh` (symmetric solver: about 3x cheaper than an SVD at d = 1280, and it never
-  mixes in the left/right singular vectors). Round-off can make eigenvalues that are truly 0 come out
+  use `np.linalg.eigvalsh` (a symmetric solver: cheaper than an SVD, and it never mixes in the
+  left/right singular vectors). Round-off can make eigenvalues that are truly 0 come out
   as tiny negatives (|x| ~ 1e-16 * lambda_max); they are clipped to 0, which is what an SVD would
   report (singular values are >= 0). The matrix is symmetrised first, (C + C^T) / 2.
 
@@ -297,7 +324,18 @@ def singular_values(cov: Any) -> np.ndarray:
 
 
 def as_spectrum(sv: Any, name: str) -> np.ndarray:
-  """`sv` as a float64 1-D array of singular values; ValueError naming `name` otherwise."""
+  """`sv` checked and converted to a spectrum.
+
+  Args:
+    sv: singular values (a sequence, array or tensor).
+    name: what the caller calls it, for the error message.
+
+  Returns:
+    A float64 1-D NumPy array.
+
+  Raises:
+    ValueError: naming `name`: not a non-empty 1-D array, or a value negative or not finite.
+  """
   sv = np.asarray(sv, dtype=np.float64)
   if sv.ndim != 1 or sv.size == 0:
     raise ValueError(f'{name} must be a non-empty 1-D array of singular values; got shape {sv.shape}.')
@@ -315,6 +353,17 @@ def num_significant(sv: Any, log10_tau: float = DEFAULT_LOG10_TAU, normalize: bo
   normalize=False: the papers' raw reading of the log-scale plot, #{k : lambda_k > tau}, which
     depends on the representation's scale; use it to compare with the papers' figures.
   An all-zero spectrum has 0 significant values either way.
+
+  Args:
+    sv: singular values, non-negative and finite (`singular_values`'s).
+    log10_tau: log10 of the threshold tau.
+    normalize: compare lambda_k / lambda_1 (True) or lambda_k itself (False) with tau.
+
+  Returns:
+    The count, 0 to len(sv).
+
+  Raises:
+    ValueError: `sv` is not a valid spectrum, or `log10_tau` is not finite.
   """
   sv = as_spectrum(sv, 'sv')
   if not math.isfinite(log10_tau):
@@ -468,9 +517,22 @@ def nearest_class_mean_probe(model_or_fn: Any, train_dataset: Iterable, test_dat
   a representation that separates the classes, and only the two numbers together tell which is
   which. Classes without a train example have no mean and are never predicted by the probe.
 
-  Returns plain Python numbers: nearest_class_mean_accuracy, head_accuracy,
-  head_predictions_per_class (counts), largest_predicted_class_share, train_examples,
-  test_examples, classes_without_train_examples. `max_examples` caps each split (quick looks).
+  Args:
+    model_or_fn: as `representation_covariance`'s, its outputs also holding 'logits'.
+    train_dataset: batches of (images, labels) the class means are taken over.
+    test_dataset: batches of (images, labels) the probe and the head are scored on.
+    num_classes: the task's classes (labels lie in [0, num_classes)).
+    max_examples: caps each split (quick looks); None for all.
+
+  Returns:
+    A dict of plain Python numbers: nearest_class_mean_accuracy, head_accuracy,
+    head_predictions_per_class (counts), largest_predicted_class_share, train_examples,
+    test_examples, classes_without_train_examples.
+
+  Raises:
+    TypeError: a model or dataset argument is an array or tensor, or missing.
+    ValueError: num_classes < 2, max_examples not positive, a label outside [0, num_classes),
+      or a split that yields no example.
   """
   _check_model_and_data('nearest_class_mean_probe', model_or_fn, train_dataset=train_dataset,
                         test_dataset=test_dataset)

@@ -59,14 +59,31 @@ def _save(fig: Figure, path: str, formats: Sequence[str] = ()) -> str:
 
 
 def figure_paths(path: str, formats: Sequence[str] = FORMATS) -> Dict[str, str]:
-  """{format: file} that `_save(fig, path, formats)` writes."""
+  """The files a figure saved to `path` with `formats` lands in.
+
+  Args:
+    path: the main file; its extension is its format.
+    formats: more formats, written beside it with the extension replaced.
+
+  Returns:
+    {format: file}, `path` under its own extension's format.
+  """
   stem, ext = os.path.splitext(path)
   return {ext[1:]: path, **{f: f'{stem}.{f}' for f in formats if f != ext[1:]}}
 
 
 def legend_outside(fig: Figure, axes: Sequence[Any], fontsize: float = 8) -> Any:
   """One legend for the figure, right of every axes (never over a curve), each label once (a
-  configuration drawn in several panels is one entry). Call after the layout is final."""
+  configuration drawn in several panels is one entry). Call after the layout is final.
+
+  Args:
+    fig: the figure.
+    axes: its axes, whose labelled artists make the legend (non-empty).
+    fontsize: the legend's font size.
+
+  Returns:
+    The matplotlib Legend.
+  """
   handles: Dict[str, Any] = {}
   for ax in axes:
     for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -164,7 +181,23 @@ def plot_local_vs_global(sv_local: Any, sv_global: Any, path: str, r_value: floa
 def plot_count_matrix(counts: Any, path: str, title: Optional[str] = None,
                       xlabel: str = 'class', ylabel: str = 'client',
                       row_normalize: bool = False) -> str:
-  """A heatmap of an integer matrix (confusion matrix; clients x classes counts)."""
+  """A heatmap of an integer matrix (confusion matrix; clients x classes counts).
+
+  Args:
+    counts: a non-empty 2-D array of counts.
+    path: the image file to write (its extension chooses the format).
+    title: the axes' title, None for none.
+    xlabel: the columns' label.
+    ylabel: the rows' label.
+    row_normalize: colour by each row's fraction instead of the count (the numbers stay counts).
+
+  Returns:
+    `path`.
+
+  Raises:
+    ValueError: `counts` is not a non-empty 2-D array.
+    OSError: `path` cannot be written.
+  """
   counts = np.asarray(counts, dtype=np.float64)
   if counts.ndim != 2 or counts.size == 0:
     raise ValueError(f'counts must be a non-empty 2-D array; got shape {counts.shape}.')
@@ -191,6 +224,20 @@ def plot_count_matrix(counts: Any, path: str, title: Optional[str] = None,
 
 
 def plot_confusion_matrix(conf: Any, path: str, title: Optional[str] = None) -> str:
+  """`plot_count_matrix` of a confusion matrix, rows (true classes) normalised.
+
+  Args:
+    conf: [true class, predicted class] counts.
+    path: the image file to write.
+    title: the axes' title, None for none.
+
+  Returns:
+    `path`.
+
+  Raises:
+    ValueError: `conf` is not a non-empty 2-D array.
+    OSError: `path` cannot be written.
+  """
   return plot_count_matrix(conf, path, title=title, xlabel='predicted class',
                            ylabel='true class', row_normalize=True)
 
@@ -203,7 +250,21 @@ def curves_figure(panels: Mapping[str, Sequence[Mapping[str, Any]]], xlabel: str
   optionally 'color' (the same configuration keeps its colour in every panel and figure; default:
   the next of matplotlib's cycle), 'std' (drawn as a +-std band around y), 'linestyle' and
   'incomplete' (drawn dotted, thin, with markers: a run that has not finished, shown but never
-  part of a mean)."""
+  part of a mean).
+
+  Args:
+    panels: as above, at least one panel.
+    xlabel: the x axes' label.
+    ylabel: the y axes' label.
+    title: the figure's title, None for none.
+
+  Returns:
+    The matplotlib Figure (not saved).
+
+  Raises:
+    ValueError: no panels.
+    KeyError: a curve without 'label', 'x' or 'y'.
+  """
   if not panels:
     raise ValueError('panels must hold at least one panel of curves.')
   rows, cols, fig = _grid(len(panels), 4.6, 3.5)
@@ -264,7 +325,19 @@ def plot_curves(panels: Mapping[str, Any], path: str, xlabel: str = 'round',
 
 def relative_spectrum(sv: Any, floor: float = RELATIVE_FLOOR, name: str = 'sv') -> np.ndarray:
   """Descending singular values divided by the largest, NaN (not drawn) below `floor`: what
-  `spectra_figure` draws, so spectra of differently scaled representations compare by shape."""
+  `spectra_figure` draws, so spectra of differently scaled representations compare by shape.
+
+  Args:
+    sv: singular values, any order (1-D, finite, non-negative).
+    floor: the smallest relative value kept.
+    name: what the caller calls `sv`, for the error message.
+
+  Returns:
+    float64, descending; all NaN when the largest value is 0.
+
+  Raises:
+    ValueError: `sv` is not a valid spectrum.
+  """
   sv = _spectrum(sv, name)
   if sv.size == 0 or sv[0] <= 0:
     return np.full(sv.shape, np.nan)
@@ -281,7 +354,21 @@ def spectra_figure(panels: Mapping[str, Sequence[Mapping[str, Any]]], top: int =
   `panels` maps a panel title to a list of spectra, each a mapping with 'label', 'sv' (singular
   values, any order) and optionally 'color' and 'linestyle'. Each spectrum is divided by its
   largest value and cut at `floor` (relative_spectrum), so the log y-axis spans [floor, 1] and
-  says so."""
+  says so.
+
+  Args:
+    panels: as above, at least one panel.
+    top: how many of each spectrum's largest values to draw, >= 1.
+    floor: in (0, 1).
+    title: the figure's title, None for none.
+
+  Returns:
+    The matplotlib Figure (not saved).
+
+  Raises:
+    ValueError: no panels, top < 1, floor outside (0, 1), or an invalid spectrum.
+    KeyError: a spectrum without 'label' or 'sv'.
+  """
   if not panels:
     raise ValueError('panels must hold at least one panel of spectra.')
   _check_top(top)
@@ -320,5 +407,22 @@ def plot_spectra_panels(panels: Mapping[str, Sequence[Mapping[str, Any]]], path:
                         top: int = 100, floor: float = RELATIVE_FLOOR,
                         title: Optional[str] = 'Singular values of the representation covariance',
                         formats: Sequence[str] = ()) -> str:
-  """`spectra_figure` written to `path` (and beside it in `formats`)."""
+  """`spectra_figure` written to `path` (and beside it in `formats`).
+
+  Args:
+    panels: as `spectra_figure`'s.
+    path: the image file to write (its extension chooses the format).
+    top: as `spectra_figure`'s.
+    floor: as `spectra_figure`'s.
+    title: as `spectra_figure`'s.
+    formats: more formats written beside `path` (e.g. FORMATS).
+
+  Returns:
+    `path`.
+
+  Raises:
+    ValueError: as `spectra_figure`.
+    KeyError: as `spectra_figure`.
+    OSError: a file cannot be written.
+  """
   return _save(spectra_figure(panels, top, floor, title), path, formats)

@@ -124,7 +124,15 @@ FALLBACK_CLIP = 0.1
 def adaptive_clipping_possible(noise_multiplier: float, clients_per_round: int) -> bool:
   """Whether tff.learning.dp_aggregator can estimate the clip: it spends part of the noise on the
   estimate, with a count noise of 0.05 x clients per round, and the total must stay below twice
-  that (TFF's adaptive_clip_noise_params)."""
+  that (TFF's adaptive_clip_noise_params).
+
+  Args:
+    noise_multiplier: the DP noise multiplier (the total, as --dp_noise_multiplier).
+    clients_per_round: clients sampled a round.
+
+  Returns:
+    True when noise_multiplier < 0.1 x clients_per_round.
+  """
   return noise_multiplier < 0.1 * clients_per_round
 
 
@@ -210,21 +218,66 @@ def names():
 
 
 def hparams_class(name: str) -> type:
+  """The HParams class of aggregator `name` (`hparams.NoHParams` for one without settings).
+
+  Args:
+    name: a name in `names()`.
+
+  Returns:
+    Its `hparams.HParams` subclass.
+
+  Raises:
+    ValueError: an unknown aggregator name (the message lists the choices).
+  """
   return _REGISTRY.get(name).HParams
 
 
 def note(name: str) -> str:
-  """What the aggregator's guarantee is not ('' when nothing needs saying)."""
+  """What the aggregator's guarantee is not ('' when nothing needs saying).
+
+  Args:
+    name: a name in `names()`.
+
+  Returns:
+    One sentence for the log, or ''.
+
+  Raises:
+    ValueError: an unknown aggregator name (the message lists the choices).
+  """
   return _REGISTRY.get(name).note
 
 
 def is_private(name: str) -> bool:
+  """Whether aggregator `name` is private (dp, secure): what the algorithms' refusals read.
+
+  Args:
+    name: a name in `names()`.
+
+  Returns:
+    The registered flag.
+
+  Raises:
+    ValueError: an unknown aggregator name (the message lists the choices).
+  """
   return _REGISTRY.get(name).private
 
 
 def build(name: str, hparams: Optional[hparams_lib.HParams], shape: RunShape
           ) -> Optional[tff.aggregators.AggregationFactory]:
-  """The factory of aggregator `name` (None for 'mean': the runtimes' plain sum)."""
+  """The factory of aggregator `name` (None for 'mean': the runtimes' plain sum).
+
+  Args:
+    name: a name in `names()`.
+    hparams: its HParams instance; None: its defaults.
+    shape: the run's clients and rounds (what DP accounting and adaptive clipping need).
+
+  Returns:
+    A tff.aggregators factory, or None for 'mean'.
+
+  Raises:
+    ValueError: an unknown name, or settings the run's shape cannot honour (DP's delta, its
+      clients per round).
+  """
   entry = _REGISTRY.get(name)
   return entry.make(entry.HParams() if hparams is None else hparams, shape)
 
@@ -232,7 +285,17 @@ def build(name: str, hparams: Optional[hparams_lib.HParams], shape: RunShape
 def check_algorithm(algorithm_cls: type, aggregator: str,
                     hparams: Optional[hparams_lib.HParams] = None) -> None:
   """Compatibility of --algorithm and --aggregator from their declarations (before anything is
-  built): the algorithm's capabilities (base.Algorithm) against the aggregator's properties."""
+  built): the algorithm's capabilities (base.Algorithm) against the aggregator's properties.
+
+  Args:
+    algorithm_cls: the Algorithm subclass.
+    aggregator: a name in `names()`.
+    hparams: the aggregator's settings (whether it bounds upload norms); None: its defaults.
+
+  Raises:
+    ValueError: the combination is refused (the message says why and what to use instead), or
+      an unknown aggregator name.
+  """
   entry = _REGISTRY.get(aggregator)
   hp = entry.HParams() if hparams is None else hparams
   if aggregator == 'mean':  # The algorithm's own weighted sum: every algorithm has it.
@@ -245,7 +308,19 @@ def refusal(algorithm_cls: type, what: str, *, private: bool, bounds_norm: bool,
             state_on_server: bool = False) -> None:
   """Raises one ValueError naming `what` when the algorithm cannot run under an aggregator with
   these properties. `state_on_server`: per-client state is held by the server (the
-  LearningProcess: tff.learning has no client-placed state)."""
+  LearningProcess: tff.learning has no client-placed state).
+
+  Args:
+    algorithm_cls: the Algorithm subclass (its declared capabilities are read).
+    what: how the aggregator is named in the message (a flag, a factory).
+    private: the aggregator is private (dp, secure).
+    bounds_norm: the aggregator clips or zeroes uploads on their L2 norm.
+    state_on_server: as above.
+
+  Raises:
+    ValueError: the algorithm has no upload a factory takes, or its declarations refuse these
+      properties; the message says why and what to use instead.
+  """
   name = algorithm_cls.name
   if algorithm_cls.upload is None:
     raise ValueError(
@@ -279,13 +354,31 @@ def refusal(algorithm_cls: type, what: str, *, private: bool, bounds_norm: bool,
 
 
 def check_upload(algorithm: base.Algorithm, what: str = 'model_aggregator') -> None:
+  """Refuses an algorithm whose upload no tff.aggregators factory can take.
+
+  Args:
+    algorithm: the algorithm instance.
+    what: how the aggregator is named in the message.
+
+  Raises:
+    ValueError: `algorithm.upload` is neither 'model' nor 'delta'.
+  """
   if algorithm.upload not in ('model', 'delta'):
     raise ValueError(f'{what}: algorithm {algorithm.name!r} has no upload that tff.aggregators can '
                      'aggregate (Algorithm.upload is None).')
 
 
 def client_update(algorithm: base.Algorithm, broadcast, output: base.ClientOutput):
-  """What a client sends to a factory: contribution / weight, as a delta (TF ops)."""
+  """What a client sends to a factory: contribution / weight, as a delta (TF ops).
+
+  Args:
+    algorithm: the algorithm (its `upload` and `update_reference`).
+    broadcast: what the client received.
+    output: the client step's ClientOutput (its contribution without the exact keys).
+
+  Returns:
+    A nest of the contribution's structure: the delta; zeros for a client of weight 0.
+  """
   w = output.weight
   inv = tf.math.divide_no_nan(1.0, w)
   if algorithm.upload == 'delta':
@@ -298,7 +391,17 @@ def client_update(algorithm: base.Algorithm, broadcast, output: base.ClientOutpu
 
 def summed_contribution(algorithm: base.Algorithm, broadcast, mean_update, total_weight):
   """The aggregated mean delta back in the form `algorithm.server_step` takes: the SUM of
-  weighted contributions, given the summed weight."""
+  weighted contributions, given the summed weight.
+
+  Args:
+    algorithm: the algorithm (its `upload` and `update_reference`).
+    broadcast: the round's broadcast, rebuilt on the server.
+    mean_update: the factory's aggregate, a mean delta.
+    total_weight: the summed weight (the number of clients under an unweighted factory).
+
+  Returns:
+    The summed contribution `algorithm.server_step` expects (TF ops).
+  """
   update = mean_update
   if algorithm.upload == 'model':
     update = tf.nest.map_structure(tf.add, mean_update, algorithm.update_reference(broadcast))
@@ -307,14 +410,38 @@ def summed_contribution(algorithm: base.Algorithm, broadcast, mean_update, total
 
 def nonnegative_variances(algorithm: base.Algorithm, weights: list) -> list:
   """BN moving variances clamped at 0: noise (DP) or quantisation can push an averaged variance
-  below zero; a variance never is, and this is post-processing (no privacy cost)."""
+  below zero; a variance never is, and this is post-processing (no privacy cost).
+
+  Args:
+    algorithm: the algorithm (its model spec).
+    weights: the new global weights, in the spec's order.
+
+  Returns:
+    The weights, each BN moving variance clamped at 0.
+  """
   return base.nonnegative_variances(algorithm.spec, weights)
 
 
 def create(factory, update_type, weight_type, algorithm: base.Algorithm,
            state_on_server: bool, what: str = 'model_aggregator'
            ) -> tff.templates.AggregationProcess:
-  """The factory's AggregationProcess for the algorithm's update, after the compatibility check."""
+  """The factory's AggregationProcess for the algorithm's update, after the compatibility check.
+
+  Args:
+    factory: a tff.aggregators factory (weighted or unweighted).
+    update_type: the TFF type of a client's update.
+    weight_type: the TFF type of its weight (used by a weighted factory).
+    algorithm: the algorithm instance.
+    state_on_server: per-client state is held by the server (the LearningProcess).
+    what: how the aggregator is named in messages.
+
+  Returns:
+    The built `tff.templates.AggregationProcess`.
+
+  Raises:
+    ValueError: not a factory, an algorithm without a factory upload, a factory that cannot
+      aggregate the update's type, or a refused combination (`refusal`).
+  """
   check_factory(factory, what)
   check_upload(algorithm, what)
   try:
@@ -330,6 +457,15 @@ def create(factory, update_type, weight_type, algorithm: base.Algorithm,
 
 
 def check_factory(factory, what: str = 'model_aggregator') -> None:
+  """Refuses anything but a tff.aggregators factory.
+
+  Args:
+    factory: the object to check.
+    what: how it is named in the message.
+
+  Raises:
+    ValueError: `factory` is neither a weighted nor an unweighted aggregation factory.
+  """
   if not isinstance(factory, (tff.aggregators.WeightedAggregationFactory,
                               tff.aggregators.UnweightedAggregationFactory)):
     raise ValueError(f'{what} must be a tff.aggregators factory (weighted or unweighted), got '
@@ -337,6 +473,14 @@ def check_factory(factory, what: str = 'model_aggregator') -> None:
 
 
 def is_weighted(factory) -> bool:
+  """Whether `factory` takes a weight with each value (a WeightedAggregationFactory).
+
+  Args:
+    factory: a tff.aggregators factory.
+
+  Returns:
+    True for a weighted factory.
+  """
   return isinstance(factory, tff.aggregators.WeightedAggregationFactory)
 
 
@@ -352,6 +496,16 @@ def check(algorithm_cls: type, factory, process, state_on_server: bool,
   `state_on_server`: the per-client state (FedBN BN, SCAFFOLD c_i, MOON previous model) is held by
   the server (tff_decorr.runtimes.learning: tff.learning has no client-placed state). bin/train's
   runtime keeps it CLIENTS-placed, where a deployed client would keep it.
+
+  Args:
+    algorithm_cls: the Algorithm subclass.
+    factory: the factory (its private parts are found by walking it).
+    process: the AggregationProcess it built (secure intrinsics, norm bounds are read from it).
+    state_on_server: as above.
+    what: how the aggregator is named in the message.
+
+  Raises:
+    ValueError: the combination is refused (`refusal`).
   """
   private = sorted(set(_private_parts(factory))) + (['secure aggregation intrinsics']
                                                     if _secure_intrinsics(process) else [])
@@ -415,6 +569,15 @@ def upload_bytes_per_client(aggregation_process: tff.templates.AggregationProces
   secure sums, ...), of the sizes of its CLIENTS-placed tensor arguments. This is the wire format
   the aggregator defines: an encoded (compressed) factory sends its encoded tensors, adaptive
   clipping adds its per-client indicator, a weighted mean adds the weight.
+
+  Args:
+    aggregation_process: a built process.
+
+  Returns:
+    The bytes, an int.
+
+  Raises:
+    ValueError: a CLIENTS-placed tensor of unknown shape.
   """
   total = 0
   for comp in _nodes(aggregation_process):
@@ -451,7 +614,17 @@ def _flatten_type(t):
 
 
 def tensor_bytes(t) -> int:
-  """Bytes of a TFF type's tensors (structures summed; sequences and functions count 0)."""
+  """Bytes of a TFF type's tensors (structures summed; sequences and functions count 0).
+
+  Args:
+    t: a TFF type.
+
+  Returns:
+    The bytes, an int.
+
+  Raises:
+    ValueError: a tensor of unknown shape.
+  """
   if isinstance(t, tff.StructType):
     return sum(tensor_bytes(c) for c in t.children())
   if isinstance(t, tff.TensorType):
@@ -462,7 +635,15 @@ def tensor_bytes(t) -> int:
 
 
 def flat_measurements(measurements, prefix: str = 'aggregator') -> dict:
-  """A factory's nested measurements as {'aggregator/<path>': float} (scalars only)."""
+  """A factory's nested measurements as {'aggregator/<path>': float} (scalars only).
+
+  Args:
+    measurements: the process's measurements (nested mappings and sequences of values).
+    prefix: the first path element.
+
+  Returns:
+    {path: float}, one entry per scalar leaf; non-scalar leaves are left out.
+  """
   out = {}
 
   def walk(value, path):
@@ -498,9 +679,18 @@ def dp_epsilons(noise_multiplier: float, clients_per_round: int, num_clients: in
   denominator, as TFF's DP mean). Under replace-one, swapping one client's clipped update (norm
   <= C) for another moves the sum by up to 2C, while the noise is noise_multiplier x C: in units
   of the sensitivity, which dp_accounting's Gaussian event takes, the multiplier is
-  noise_multiplier / 2 (before ae2f1ca it was passed whole, which understated epsilon 6x: 14.05
-  instead of 83.9 for z = 1, 10 of 100 clients, 100 rounds, delta 1e-5). RDP composes
-  additively, so one round is computed once.
+  noise_multiplier / 2 (passed whole, it would understate epsilon several times over). RDP
+  composes additively, so one round is computed once.
+
+  Args:
+    noise_multiplier: the Gaussian noise's std over the clip norm (z); 0 or less: no noise.
+    clients_per_round: clients sampled a round.
+    num_clients: the population they are sampled from.
+    rounds: how many rounds to account.
+    target_delta: the delta of (epsilon, delta)-DP.
+
+  Returns:
+    float64 array [rounds]: epsilon after round 1, 2, ..., `rounds`; all inf without noise.
   """
   import dp_accounting  # pylint: disable=g-import-not-at-top
   from dp_accounting.rdp import rdp_privacy_accountant as rdp  # pylint: disable=g-import-not-at-top
@@ -521,7 +711,15 @@ def dp_epsilon_of_releases(releases, target_delta: float) -> float:
   """epsilon of every DP release in `releases` together: an iterable of (noise_multiplier,
   clients_per_round, num_clients, count), each a round's Gaussian release as `dp_epsilons`
   accounts it. RDP composes additively across releases with different settings (runs on the same
-  client data with other noise, or a round re-run after a crash)."""
+  client data with other noise, or a round re-run after a crash).
+
+  Args:
+    releases: an iterable of (noise_multiplier, clients_per_round, num_clients, count).
+    target_delta: the delta of (epsilon, delta)-DP.
+
+  Returns:
+    epsilon: 0.0 without a release, inf when one release had no noise.
+  """
   import dp_accounting  # pylint: disable=g-import-not-at-top
   from dp_accounting.rdp import rdp_privacy_accountant as rdp  # pylint: disable=g-import-not-at-top
   accountant = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
@@ -540,11 +738,27 @@ def dp_epsilon_of_releases(releases, target_delta: float) -> float:
 
 def default_delta(num_clients: int) -> float:
   """delta = 1 / N^1.1: below 1/N, the usual rule (a delta of 1/N or more allows releasing one
-  client's data outright). At N = 10 it is 0.079: DP statements need many clients."""
+  client's data outright). At N = 10 it is 0.079: DP statements need many clients.
+
+  Args:
+    num_clients: N, the clients of the population.
+
+  Returns:
+    1 / N^1.1.
+  """
   return 1.0 / num_clients ** 1.1
 
 
 def check_delta(target_delta: float, num_clients: int) -> None:
+  """Refuses a DP delta outside (0, 1/N).
+
+  Args:
+    target_delta: the delta asked for.
+    num_clients: N.
+
+  Raises:
+    ValueError: naming --dp_target_delta, when delta is not in (0, 1/N).
+  """
   if not 0 < target_delta < 1.0 / num_clients:
     raise ValueError(f'--dp_target_delta={target_delta:g}: must be in (0, 1/--num_clients = '
                      f'{1.0 / num_clients:g}); a delta of 1/N or more allows releasing one '
@@ -570,7 +784,11 @@ class AccountedDpFactory(tff.aggregators.UnweightedAggregationFactory):
 
   def clipping(self) -> dict:
     """Which clipping ran, for the log and summary.json: dp_clipping ('adaptive' or 'fixed'),
-    dp_clip (the fixed clip) and dp_clipping_note (why a fixed clip replaced adaptive)."""
+    dp_clip (the fixed clip) and dp_clipping_note (why a fixed clip replaced adaptive).
+
+    Returns:
+      A dict with those keys that apply.
+    """
     if self.clip is None:
       return {'dp_clipping': 'adaptive'}
     out = {'dp_clipping': 'fixed', 'dp_clip': float(self.clip)}
@@ -579,11 +797,24 @@ class AccountedDpFactory(tff.aggregators.UnweightedAggregationFactory):
     return out
 
   def not_covered(self) -> list:
-    """DP_NOT_COVERED, without the adaptive clip's item when a fixed clip ran."""
+    """What the DP guarantee does not cover, for the log and summary.json.
+
+    Returns:
+      DP_NOT_COVERED's items, without the adaptive clip's when a fixed clip ran.
+    """
     return [item for item in DP_NOT_COVERED
             if self.clip is None or item != DP_NOT_COVERED_ADAPTIVE]
 
   def create(self, value_type):
+    """The inner factory's process, its state counting rounds, reporting `dp_epsilon`.
+
+    Args:
+      value_type: the TFF type of a client's value.
+
+    Returns:
+      A `tff.templates.AggregationProcess`; its measurements are {'dp': the inner's,
+      'dp_epsilon': epsilon after this round (inf past the precomputed table)}.
+    """
     inner = self.inner.create(value_type)
     table = self.epsilons
     last = len(table) - 1
@@ -619,6 +850,7 @@ class AccountedDpFactory(tff.aggregators.UnweightedAggregationFactory):
     return tff.templates.AggregationProcess(init_fn, next_fn)
 
 
+# Seven parameters: TFF's DP factory's settings and the accountant's (clients, delta, rounds).
 def dp_aggregator(noise_multiplier: float, clients_per_round: int, num_clients: int,
                   target_delta: Optional[float] = None, max_rounds: int = 10000,
                   zeroing: bool = True, clip: Optional[float] = None) -> AccountedDpFactory:
@@ -629,6 +861,22 @@ def dp_aggregator(noise_multiplier: float, clients_per_round: int, num_clients: 
   target_delta default: 1 / num_clients**1.1 (below 1/N, the usual rule); a delta >= 1/N is
   refused.
   The mean divides by clients_per_round: sample exactly that many clients a round.
+
+  Args:
+    noise_multiplier: z, >= 0.
+    clients_per_round: clients sampled a round, in [1, num_clients].
+    num_clients: N, the population.
+    target_delta: the accounting delta; None: `default_delta(num_clients)`.
+    max_rounds: rounds of the precomputed epsilon table (past it, epsilon reads inf).
+    zeroing: adaptive zeroing of large updates (with clip=None).
+    clip: None for adaptive clipping, else the fixed L2 clip.
+
+  Returns:
+    An `AccountedDpFactory`.
+
+  Raises:
+    ValueError: a negative noise multiplier, clients_per_round outside [1, num_clients], or a
+      delta outside (0, 1/N).
   """
   if not noise_multiplier >= 0:
     raise ValueError(f'noise_multiplier must be >= 0, got {noise_multiplier!r}.')

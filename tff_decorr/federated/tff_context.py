@@ -197,6 +197,7 @@ class WorkerProcess:
   RuntimeError carrying the last lines of its log.
   """
 
+  # Seven parameters: one per bin/worker option, each with a default.
   def __init__(self, port: Optional[int] = None, max_concurrent_computation_calls: int = -1,
                log_path: Optional[str] = None, listen_all: bool = False,
                socket_path: Optional[str] = None, timeout: float = 60.0,

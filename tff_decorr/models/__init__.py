@@ -53,7 +53,17 @@ def names() -> Tuple[str, ...]:
 
 def default_init(name: str) -> str:
   """The initialisation model `name` uses by default: that of the PyTorch code it ports
-  (docs/models.md, models/common.py)."""
+  (docs/models.md, models/common.py).
+
+  Args:
+    name: a name in `names()`.
+
+  Returns:
+    One of `INITS` ('torch', 'kaiming_normal' or 'keras').
+
+  Raises:
+    ValueError: an unknown name (naming --model and the choices).
+  """
   if name not in _REGISTRY:
     raise ValueError(f'--model: unknown model {name!r}; choose one of {", ".join(names())}.')
   return inspect.signature(_REGISTRY[name]).parameters['init'].default
@@ -100,7 +110,14 @@ def _layer_variable_refs(model: tf.keras.Model, layer_type) -> set:
 
 def bn_variable_mask(model: tf.keras.Model) -> List[bool]:
   """Per variable of `model.weights`: does it belong to a BatchNormalization layer (gamma, beta,
-  moving mean, moving variance)? FedBN keeps these local."""
+  moving mean, moving variance)? FedBN keeps these local.
+
+  Args:
+    model: a built Keras model.
+
+  Returns:
+    One bool per variable of `model.weights`, in that order.
+  """
   refs = _layer_variable_refs(model, tf.keras.layers.BatchNormalization)
   return [v.ref() in refs for v in model.weights]
 
@@ -114,21 +131,50 @@ def _decomposed_mask(model, attr) -> List[bool]:
 
 
 def atom_variable_mask(model: tf.keras.Model) -> List[bool]:
-  """Per variable of `model.weights`: is it the atoms D of a decomposed (depthwise) conv?"""
+  """Per variable of `model.weights`: is it the atoms D of a decomposed (depthwise) conv?
+
+  Args:
+    model: a built Keras model (all False without decomposed layers).
+
+  Returns:
+    One bool per variable of `model.weights`, in that order.
+  """
   return _decomposed_mask(model, 'atoms')
 
 
 def coefficient_variable_mask(model: tf.keras.Model) -> List[bool]:
   """Per variable of `model.weights`: is it the coefficients alpha of a decomposed (depthwise)
-  conv?"""
+  conv?
+
+  Args:
+    model: a built Keras model (all False without decomposed layers).
+
+  Returns:
+    One bool per variable of `model.weights`, in that order.
+  """
   return _decomposed_mask(model, 'coefficients')
 
 
 def count_parameters(model: tf.keras.Model) -> int:
   """Parameters counted as PyTorch's `sum(p.numel() for p in model.parameters())`: every trainable
-  variable (BN gamma and beta included), not the BN moving statistics."""
+  variable (BN gamma and beta included), not the BN moving statistics.
+
+  Args:
+    model: a built Keras model.
+
+  Returns:
+    The number of trainable scalars.
+  """
   return int(sum(int(np.prod(v.shape)) for v in model.trainable_weights))
 
 
 def representation_dim(model: tf.keras.Model) -> int:
+  """d, the width of the model's 'representation' output (MOON's projection when it has one).
+
+  Args:
+    model: a model `build` made (functional, with dict outputs).
+
+  Returns:
+    The last dimension of its 'representation' output.
+  """
   return int(model.output['representation'].shape[-1])

@@ -26,9 +26,27 @@ def _out(n, k, s, p=0):
   return (n + 2 * p - k) // s + 1
 
 
+# Seven parameters: a keras.applications-style builder, one explicit argument per choice.
 def alexnet_bn(num_classes: int, input_shape: Sequence[int], projection_dim: Optional[int] = None,
                decomposed: bool = False, num_atoms: Optional[int] = None,
                hidden_dim: int = 4096, init: str = 'torch') -> tf.keras.Model:
+  """AlexNet with BatchNorm, FedBN's network for its domain tasks.
+
+  Args:
+    num_classes: see `models.build`.
+    input_shape: (H, W, C), at least MIN_SIZE on each side.
+    projection_dim: see `models.build`.
+    decomposed: see `models.build`.
+    num_atoms: see `models.build`.
+    hidden_dim: width of the fully connected layers (the representation), >= 1.
+    init: see `models.build`.
+
+  Returns:
+    The functional Keras model, outputs {'representation', 'logits'}.
+
+  Raises:
+    ValueError: an argument out of range, or images too small.
+  """
   num_classes, input_shape, projection_dim, decomposed, num_atoms = common.check_common_args(
       num_classes, input_shape, projection_dim, decomposed, num_atoms)
   if not isinstance(hidden_dim, int) or hidden_dim < 1:

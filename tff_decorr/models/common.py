@@ -13,8 +13,7 @@ Conventions (see docs/models.md):
   groups * kh * kw (a depthwise kernel's fan_in is kh * kw, where Keras' VarianceScaling would use
   kh * kw * channels). BN starts at gamma 1, beta 0 in all three. Decomposed convolutions keep
   their own initialisation (models/decomposed.py). docs/models.md says which model uses which and
-  why it matters (at the fidelity setting the Glorot start ended FedAvg 4.8 points lower over 3
-  seeds, `bench.accuracy.fidelity --inits=reference,keras`).
+  why it matters (docs/benchmarks.md §6 measures the Glorot start against the reference's).
 - No Keras kernel regularizers: weight decay is applied by the client update (DESIGN.md).
 - Every model returns {'representation': [N, d], 'logits': [N, num_classes]}.
 """
@@ -113,6 +112,7 @@ class Convs:
     return dict(kernel_initializer=kernel_initializer(self.init, fan_in),
                 bias_initializer=bias_initializer(self.init, fan_in))
 
+  # Seven parameters: one per convolution setting, as keras.layers.Conv2D takes them.
   def conv(self, x, filters: int, kernel_size: int, strides: int = 1, padding: int = 0,
            use_bias: bool = False, name: Optional[str] = None):
     fan_in = int(x.shape[-1]) * kernel_size * kernel_size

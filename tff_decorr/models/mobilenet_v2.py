@@ -30,6 +30,7 @@ CONFIG = ((1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3,
           (6, 160, 3, 2), (6, 320, 1, 1))
 
 
+# Seven parameters: one per column of the paper's block table, plus the input and a name.
 def _block(x, convs: common.Convs, in_ch: int, out_ch: int, expansion: int, stride: int,
            name: str):
   hidden = expansion * in_ch
@@ -52,6 +53,8 @@ def _block(x, convs: common.Convs, in_ch: int, out_ch: int, expansion: int, stri
 def mobilenet_v2_cifar(num_classes: int, input_shape: Sequence[int],
                        projection_dim: Optional[int] = None, decomposed: bool = False,
                        num_atoms: Optional[int] = None, init: str = 'torch') -> tf.keras.Model:
+  """The reference's MobileNetV2 for CIFAR (stride-1 stem); a 1280-d representation. Its
+  arguments, result and errors are resnet20's (`models.build` describes them)."""
   num_classes, input_shape, projection_dim, decomposed, num_atoms = common.check_common_args(
       num_classes, input_shape, projection_dim, decomposed, num_atoms)
   convs = common.Convs(decomposed, num_atoms, init)

@@ -1,13 +1,12 @@
 """Building a model to compute in bfloat16 (`--precision=mixed_bfloat16`), its weights in float32.
 
 Keras' mixed-precision policy `mixed_bfloat16` keeps every variable in float32 and computes each
-layer in bfloat16. On a CPU with native bfloat16 instructions (AVX512_BF16, AMX) a ResNet20 run then
-takes about 0.7x the CPU time of float32 (`bench.speed.whole_run_ratio --precision=mixed_bfloat16`,
-docs/benchmarks.md §2), the one lever left on a run whose float32 step is already at Keras' own
-cost. The model's outputs are cast back to float32 by a last layer, so the losses, the regularisers,
-evaluation and aggregation see what they see in float32, and the weights the server averages and
-checkpoints stay float32. bfloat16 keeps float32's exponent range, so no loss scaling is needed
-(Keras' LossScaleOptimizer is for float16).
+layer in bfloat16. On a CPU with native bfloat16 instructions (AVX512_BF16, AMX) a run then takes
+less CPU time than in float32 (docs/benchmarks.md §2), the one lever left on a run whose float32
+step is already at Keras' own cost (§1). The model's outputs are cast back to float32 by a last
+layer, so the losses, the regularisers, evaluation and aggregation see what they see in float32,
+and the weights the server averages and checkpoints stay float32. bfloat16 keeps float32's
+exponent range, so no loss scaling is needed (Keras' LossScaleOptimizer is for float16).
 
 Keras reads the policy when a layer is made; it has no public per-call scope in TF 2.14, so the
 global policy is set for the build and restored after it, under a lock (threads building float32

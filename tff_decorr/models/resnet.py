@@ -59,6 +59,7 @@ def _basic_block(x, convs: common.Convs, out_ch: int, stride: int, option: str, 
   return tf.keras.layers.ReLU(name=f'{name}_out')(y)
 
 
+# Ten parameters: the public builders' arguments and the architecture they fix, passed through.
 def _resnet(name, widths, blocks, option, num_classes, input_shape, projection_dim, decomposed,
             num_atoms, init):
   num_classes, input_shape, projection_dim, decomposed, num_atoms = common.check_common_args(
@@ -79,6 +80,23 @@ def _resnet(name, widths, blocks, option, num_classes, input_shape, projection_d
 def resnet20(num_classes: int, input_shape: Sequence[int], projection_dim: Optional[int] = None,
              decomposed: bool = False, num_atoms: Optional[int] = None,
              init: str = 'kaiming_normal') -> tf.keras.Model:
+  """ResNet-20 of the reference's CIFAR ResNets: widths 16/32/64, 3 blocks a stage, option-A
+  (zero-padded) shortcuts; a 64-d representation.
+
+  Args:
+    num_classes: the classifier's outputs (`models.build` describes every argument).
+    input_shape: (H, W, C).
+    projection_dim: MOON's projection head's width; None or 0: none.
+    decomposed: filter-decomposed convolutions.
+    num_atoms: atoms of a decomposed convolution; None: k*k.
+    init: one of models.INITS.
+
+  Returns:
+    The functional Keras model, outputs {'representation', 'logits'}.
+
+  Raises:
+    ValueError: an argument out of range (named by its flag).
+  """
   return _resnet('resnet20', (16, 32, 64), (3, 3, 3), 'A', num_classes, input_shape,
                  projection_dim, decomposed, num_atoms, init)
 
@@ -86,6 +104,8 @@ def resnet20(num_classes: int, input_shape: Sequence[int], projection_dim: Optio
 def resnet32(num_classes: int, input_shape: Sequence[int], projection_dim: Optional[int] = None,
              decomposed: bool = False, num_atoms: Optional[int] = None,
              init: str = 'kaiming_normal') -> tf.keras.Model:
+  """ResNet-32: resnet20's network with 5 blocks a stage. Arguments, result and errors are
+  resnet20's."""
   return _resnet('resnet32', (16, 32, 64), (5, 5, 5), 'A', num_classes, input_shape,
                  projection_dim, decomposed, num_atoms, init)
 
@@ -93,5 +113,8 @@ def resnet32(num_classes: int, input_shape: Sequence[int], projection_dim: Optio
 def resnet18(num_classes: int, input_shape: Sequence[int], projection_dim: Optional[int] = None,
              decomposed: bool = False, num_atoms: Optional[int] = None,
              init: str = 'torch') -> tf.keras.Model:
+  """ResNet-18 for small images: widths 64-512, 2 blocks a stage, option-B (1x1 conv)
+  shortcuts, PyTorch's default initialisation; a 512-d representation. Arguments, result and
+  errors are resnet20's."""
   return _resnet('resnet18', (64, 128, 256, 512), (2, 2, 2, 2), 'B', num_classes, input_shape,
                  projection_dim, decomposed, num_atoms, init)

@@ -16,9 +16,28 @@ import tensorflow as tf
 from tff_decorr.models import common
 
 
+# Eight parameters: a keras.applications-style builder, one explicit argument per choice.
 def small_cnn(num_classes: int, input_shape: Sequence[int], projection_dim: Optional[int] = None,
               decomposed: bool = False, num_atoms: Optional[int] = None, width: int = 32,
               representation_dim: int = 64, init: str = 'keras') -> tf.keras.Model:
+  """The small CNN of the embedded default and the CPU-scale checks.
+
+  Args:
+    num_classes: see `models.build` (so are projection_dim, decomposed, num_atoms, init).
+    input_shape: (H, W, C), at least 2x2.
+    projection_dim: see `models.build`.
+    decomposed: see `models.build`.
+    num_atoms: see `models.build`.
+    width: channels of the convolutions, >= 1.
+    representation_dim: d, the width of the layer before the classifier, >= 1.
+    init: see `models.build`.
+
+  Returns:
+    The functional Keras model, outputs {'representation', 'logits'}.
+
+  Raises:
+    ValueError: an argument out of range, or images smaller than 2x2.
+  """
   num_classes, input_shape, projection_dim, decomposed, num_atoms = common.check_common_args(
       num_classes, input_shape, projection_dim, decomposed, num_atoms)
   for arg, v in (('width', width), ('representation_dim', representation_dim)):

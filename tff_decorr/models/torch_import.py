@@ -11,8 +11,8 @@ its arrays converted to Keras' layouts:
 - Linear weight [out, in] -> Dense kernel [in, out]; biases as they are;
 - BatchNorm2d/1d weight, bias, running_mean, running_var -> gamma, beta, moving_mean,
   moving_variance (`num_batches_tracked` has no Keras counterpart and is ignored).
-Used by tests/reference_equivalence_test.py to start both implementations from the same weights,
-and by anyone who wants to evaluate or fine-tune a reference checkpoint here.
+Used to start both implementations from the same weights (the step-by-step comparison with the
+reference), and by anyone who wants to evaluate or fine-tune a reference checkpoint here.
 """
 
 from __future__ import annotations

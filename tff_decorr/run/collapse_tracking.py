@@ -18,7 +18,7 @@ from tff_decorr.collapse import analysis
 
 def tracker(exp, evaluator, test_dataset, eval_every: int, rounds: int,
             max_examples: Optional[int] = 10000) -> Callable[[int, object], dict]:
-  """Returns an `on_round_end(round, server_state) -> metrics` hook for `round_loop.run`.
+  """Returns an `on_round_end(round, server_state) -> metrics` hook (`round_loop.RoundHooks`).
 
   It reuses the evaluator's Keras model, whose weights the evaluation of the same round has just
   set to the global model's (the program evaluates before calling this hook).
@@ -53,6 +53,7 @@ class LocalModels:
   as `local_effective_rank` / `local_num_significant_sv` next to the global model's.
   """
 
+  # Seven parameters: the run's parts the tracker reads, then its two options.
   def __init__(self, exp, evaluator, test_dataset, clients, rounds, track: bool = False,
                max_examples: Optional[int] = 10000):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top

@@ -29,7 +29,20 @@ from tff_decorr import regularizers
 def client_partition(config: config_lib.Config, task, labels, domains) -> list:
   """The clients' index arrays into the task's train split (`labels`, `domains` from
   task.load_split) under the configuration's partition, client count and seed: what a run trains
-  on, and what bin/partition shows."""
+  on, and what bin/partition shows.
+
+  Args:
+    config: the run's Config (partition, its settings, num_clients, seed, task).
+    task: the task (its num_classes).
+    labels: int labels of the train split, [N].
+    domains: domain ids [N], or None for a task without domains.
+
+  Returns:
+    A list of num_clients int arrays of indices into the split.
+
+  Raises:
+    ValueError: the partition cannot split these labels into that many clients.
+  """
   data = partitions.Data(labels=labels, domains=domains, num_classes=task.num_classes,
                          task=config.task)
   return partitions.split(config.partition, data, config.num_clients, config.seed,
@@ -65,12 +78,29 @@ class Experiment:
                              rounds=c.rounds))
 
   def model_fn(self) -> tf.keras.Model:
+    """A new model of the run's architecture and precision (what every workspace builds).
+
+    Returns:
+      A Keras model with {'representation', 'logits'} outputs, freshly initialised.
+    """
     return precision.build(lambda: models.build(self.model_name, **self._model_kwargs),
                            self.config.precision)
 
   # ---- data ----
   def prepare_client_data(self):
-    """Decodes the train split once, partitions it, writes one shard per client (cached)."""
+    """Decodes the train split once, partitions it, writes one shard per client (cached).
+
+    Sets `partition`, `train_labels`, `shard_dir`, `client_dataset_fn` and `ledger` (the privacy
+    ledger of these examples under a DP aggregator, else None).
+
+    Returns:
+      The partition: a list of index arrays, one per client.
+
+    Raises:
+      tasks.base.DatasetNotFoundError: the task's data is not prepared.
+      ValueError: the partition cannot split the data as configured.
+      OSError: the shards cannot be written.
+    """
     c = self.config
     images, labels, domains = self.task.load_split('train', c.data_dir or None)
     n = len(labels)
@@ -102,17 +132,44 @@ class Experiment:
     return parts
 
   def check_client_data(self, client_ids) -> None:
-    """Before a round: every sampled client's cached shard is still the one written."""
+    """Before a round: every sampled client's cached shard is still the one written.
+
+    Args:
+      client_ids: the round's sampled clients.
+
+    Raises:
+      tasks.client_data.ShardError: a shard was deleted or changed during the run.
+    """
     client_data.check_shards(self.shard_dir, client_ids)
 
   def test_dataset(self, batch_size: int = 256) -> tf.data.Dataset:
+    """The task's test split, preprocessed and batched.
+
+    Args:
+      batch_size: examples a batch.
+
+    Returns:
+      A dataset of (float32 images, int32 labels).
+
+    Raises:
+      tasks.base.DatasetNotFoundError: the task's data is not prepared.
+    """
     return self.task.test_dataset(self.config.data_dir or None, batch_size)
 
   # ---- runtime ----
   def runtime(self, output_dir: Optional[str] = None):
     """The runtime of `--runtime`. Build it before any Keras model that will be *called* later:
     the TFF runtime traces Keras models inside a graph, and Keras 2.14 then refuses models created
-    earlier outside it ("Layer or Model is in an invalid state")."""
+    earlier outside it ("Layer or Model is in an invalid state").
+
+    Call after `prepare_client_data` (the runtime reads `client_dataset_fn`).
+
+    Args:
+      output_dir: the run directory (TFF's worker writes tff_worker.log there); None: no log.
+
+    Returns:
+      A tf_runtime.TfRuntime or a tff_runtime.TffRuntime (after installing TFF's context).
+    """
     c = self.config
     if config_lib.choose_runtime(c.runtime, c.workers, c.aggregator)[0] == 'tf':
       from tff_decorr.runtimes import tf_runtime  # pylint: disable=g-import-not-at-top
@@ -137,7 +194,16 @@ class Experiment:
     local models of chosen clients, a sampled client's spectrum, a personalised algorithm's
     per-client models), which a study of collapse or personalisation under DP needs, and the
     run's operator already holds every client's data; like the metrics, they must not be
-    published as if dp_epsilon covered them. The log says so at the start (training.py)."""
+    published as if dp_epsilon covered them. The log says so at the start (training.py).
+
+    Call only under --aggregator=dp (the aggregator is an AccountedDpFactory).
+
+    Args:
+      save_local_models: the client indices whose local models the run exports.
+
+    Returns:
+      A list of sentences.
+    """
     c = self.config
     out = self.aggregator.not_covered()
     if save_local_models:
@@ -156,7 +222,17 @@ class Experiment:
     """(epsilon, delta) after `rounds` rounds under --aggregator=dp, which clipping ran, what it
     assumes and does not cover (dp_not_covered), and the epsilon of every DP release recorded in
     `ledger` (a privacy_ledger.Ledger of this client data); under an aggregator whose guarantee
-    needs a caveat (secure: simulated), that caveat; else {}."""
+    needs a caveat (secure: simulated), that caveat; else {}.
+
+    Args:
+      rounds: the rounds the run's model has had.
+      ledger: the privacy_ledger.Ledger of this client data, or None.
+      save_local_models: as `dp_not_covered`'s.
+
+    Returns:
+      The summary.json entries (dp_epsilon, dp_delta, dp_clipping, ... or aggregator_note), or
+      {}.
+    """
     note = aggregation.note(self.config.aggregator)
     if note:
       return {'aggregator_note': f'--aggregator={self.config.aggregator}: {note}'}
@@ -196,9 +272,27 @@ class Experiment:
 
   # ---- evaluation / export ----
   def evaluator(self) -> export.Evaluator:
+    """An evaluator of global weights on the test set (its own model of the architecture).
+
+    Returns:
+      An `export.Evaluator`.
+    """
     return export.Evaluator(self.model_fn, self.task.num_classes)
 
   def export(self, weights, path: str, extra_metadata: Optional[dict] = None) -> str:
+    """Writes `weights` as a SavedModel whose tff_decorr.json records the run's architecture.
+
+    Args:
+      weights: the model's flat weights, in `model.weights` order.
+      path: the export directory (replaced atomically).
+      extra_metadata: more tff_decorr.json entries (the round, a client's id).
+
+    Returns:
+      `path`.
+
+    Raises:
+      OSError: the export cannot be written.
+    """
     return export.export_saved_model(self.model_fn, weights, path, {
         'task': self.config.task, 'model': self.model_name,
         'algorithm': self.config.algorithm, 'regularizer': self.config.regularizer,

@@ -1,5 +1,7 @@
-"""A run directory's files, each written and read by one module: the directory itself (run_dir:
-lock, config.json and its comparison, leftovers, setting aside), checkpoints (checkpoint_files),
+"""A run directory's files, each written and read by one module, and their one owner
+(run_directory.RunDirectory: resuming, committing a round, repairing, the summary): the directory
+itself (run_dir: lock, config.json and its comparison, leftovers, setting aside), the metrics
+(metrics_log: metrics.csv and tensorboard/), checkpoints (checkpoint_files),
 per-client states (client_state), the SavedModel export and the test-set evaluator of its weights
 (export), the check of a SavedModel's operations before it is loaded (graph_check), TensorBoard's
 HParams (tensorboard_hparams) and the differential-privacy releases a run adds to the ledger

@@ -1,14 +1,13 @@
 """A round's checkpoint as one file of arrays: TFF's program state manager with a cheaper format.
 
 `tff.program.FileProgramStateManager` writes every version as a SavedModel: it wraps each value in a
-tf.Variable, traces a tf.function over them and writes its graph: 5.2 s of a 10-round ResNet20 run
-on this machine, 0.2 s with the same values in one `.npz` (docs/benchmarks.md §3;
-`bench.speed.run_phases --settings=fidelity`), and a study of short runs pays it every round of
-every run. We keep TFF's manager for what it does well (versions, their names, keeping the newest
-`keep_total`) and change only the file: `round_<n>/state.npz`, the state's leaves in `tff.program`'s
-flattening order, written as TFF writes (into `round_<n>_temp<pid>`, renamed when complete) and also
-synced to disk before the rename, so a kill or a power cut leaves the previous version or the new
-one.
+tf.Variable, traces a tf.function over them and writes its graph, a cost a study of short runs pays
+every round of every run, where one `.npz` of the same values costs little (docs/benchmarks.md,
+"Fixed costs"). We keep TFF's manager for what it does well (versions, their names, keeping the
+newest `keep_total`) and change only the file: `round_<n>/state.npz`, the state's leaves in
+`tff.program`'s flattening order, written as TFF writes (into `round_<n>_temp<pid>`, renamed when
+complete) and also synced to disk before the rename, so a kill or a power cut leaves the previous
+version or the new one.
 
 Reading runs nothing: `np.load(allow_pickle=False)` reads arrays only, and the zip's CRC-32 of
 each array turns damaged bytes into an error instead of wrong weights. Checkpoints written as

@@ -61,7 +61,18 @@ class ClientStateStore:
     return len(self._latest)
 
   def load(self, client_id: str) -> Any:
-    """The client's latest saved state, or the initial state if it has none."""
+    """The client's latest saved state, or the initial state if it has none.
+
+    Args:
+      client_id: the client (any value; its str is the key).
+
+    Returns:
+      A nest of NumPy arrays of the initial state's structure.
+
+    Raises:
+      StateError: the file cannot be read, or holds another structure (the message says how to
+        resume).
+    """
     client_id = str(client_id)
     if client_id not in self._latest:
       return self._initial_fn()
@@ -82,7 +93,18 @@ class ClientStateStore:
     return tf.nest.pack_sequence_as(self._template, arrays)
 
   def save(self, client_id: str, state: Any, round_num: int) -> None:
-    """Writes `state` as the client's version for `round_num` and makes it the latest."""
+    """Writes `state` as the client's version for `round_num` (atomically) and makes it the
+    latest.
+
+    Args:
+      client_id: the client.
+      state: a nest of arrays or tensors of the initial state's structure.
+      round_num: the round that produced it.
+
+    Raises:
+      ValueError: `state` has another structure.
+      OSError: the file cannot be written (the previous version stays).
+    """
     client_id = str(client_id)
     flat = [np.asarray(a) for a in tf.nest.flatten(state)]
     tf.nest.assert_same_structure(self._template, tf.nest.pack_sequence_as(self._template, flat))
@@ -96,12 +118,26 @@ class ClientStateStore:
     self._latest[client_id] = int(round_num)
 
   def manifest(self) -> dict:
+    """The current versions as a manifest.
+
+    Returns:
+      {'version': MANIFEST_VERSION, 'clients': {client id: round}}.
+    """
     return {'version': MANIFEST_VERSION, 'clients': dict(self._latest)}
 
   def save_manifest(self, path: str, prune: bool = True,
                     keep: Optional[Dict[str, int]] = None) -> None:
     """Records the current version of every client (atomically), then prunes older versions,
-    keeping every version at or after the one `keep` (an older manifest's clients) names."""
+    keeping every version at or after the one `keep` (an older manifest's clients) names.
+
+    Args:
+      path: the manifest file (checkpoints/client_states_<r>.json).
+      prune: delete the older versions.
+      keep: {client id: round} of a manifest still in use; None: none.
+
+    Raises:
+      OSError: the manifest cannot be written.
+    """
     data = json.dumps(self.manifest(), sort_keys=True).encode()
     run_dir.atomic_write(path, lambda f: f.write(data), 'wb')
     if prune:
@@ -109,13 +145,33 @@ class ClientStateStore:
 
   @staticmethod
   def read_manifest(path: str) -> Dict[str, int]:
-    """{client id: version} of a manifest file ({} when it does not exist)."""
+    """The versions a manifest file records.
+
+    Args:
+      path: the manifest file.
+
+    Returns:
+      {client id: round}; {} when the file does not exist.
+
+    Raises:
+      ValueError: the file is not JSON.
+      KeyError: it has no 'clients'.
+    """
     if not os.path.exists(path):
       return {}
     with open(path, 'rb') as f:
       return {str(k): int(v) for k, v in json.loads(f.read().decode())['clients'].items()}
 
   def load_manifest(self, path: str) -> None:
+    """Makes the versions a manifest records the latest (a checkpoint's consistent set).
+
+    Args:
+      path: the manifest file.
+
+    Raises:
+      ValueError: not a manifest of this version, or it names a state file that is missing.
+      OSError: the file cannot be read.
+    """
     with open(path, 'rb') as f:
       manifest = json.loads(f.read().decode())
     if manifest.get('version') != MANIFEST_VERSION or 'clients' not in manifest:
@@ -141,9 +197,30 @@ class ClientStateStore:
             os.remove(os.path.join(client_dir, name))
 
   def load_many(self, client_ids) -> list:
+    """`load` of each client, in order.
+
+    Args:
+      client_ids: the clients.
+
+    Returns:
+      Their states, a list.
+
+    Raises:
+      StateError: as `load`.
+    """
     return [self.load(c) for c in client_ids]
 
   def save_many(self, client_ids, states, round_num: int) -> None:
+    """`save` of each client's state.
+
+    Args:
+      client_ids: the clients.
+      states: their states, in the same order.
+      round_num: the round that produced them.
+
+    Raises:
+      ValueError: not one state per client, or a state of another structure.
+    """
     if len(client_ids) != len(states):
       raise ValueError(f'{len(client_ids)} client ids but {len(states)} states.')
     for c, s in zip(client_ids, states):
@@ -169,27 +246,34 @@ class NoClientStates:
     return 0
 
   def load(self, client_id: str) -> Any:
+    """The initial state, whatever the client (ClientStateStore.load's contract)."""
     del client_id
     return self._initial_fn()
 
   def load_many(self, client_ids) -> list:
+    """One initial state per client."""
     return [self._initial_fn() for _ in client_ids]
 
   def save(self, client_id: str, state: Any, round_num: int) -> None:
+    """Writes nothing."""
     del client_id, state, round_num
 
   def save_many(self, client_ids, states, round_num: int) -> None:
+    """Writes nothing; raises ValueError when there is not one state per client."""
     if len(client_ids) != len(states):
       raise ValueError(f'{len(client_ids)} client ids but {len(states)} states.')
 
   def manifest(self) -> dict:
+    """A manifest without clients."""
     return {'version': MANIFEST_VERSION, 'clients': {}}
 
   def save_manifest(self, path: str, prune: bool = True,
                     keep: Optional[Dict[str, int]] = None) -> None:
+    """Writes nothing."""
     del path, prune, keep
 
   read_manifest = staticmethod(ClientStateStore.read_manifest)
 
   def load_manifest(self, path: str) -> None:
+    """Reads nothing (a manifest an earlier release wrote is ignored)."""
     del path

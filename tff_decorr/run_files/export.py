@@ -70,7 +70,15 @@ def model_kwargs(projection_dim: Optional[int] = 0, decomposed: bool = False,
 
 
 def set_weights(model: tf.keras.Model, weights: Sequence) -> None:
-  """Assigns a flat weight list in `model.weights` order (trainable and non-trainable)."""
+  """Assigns a flat weight list in `model.weights` order (trainable and non-trainable).
+
+  Args:
+    model: a built Keras model.
+    weights: arrays or tensors, one per variable of `model.weights`.
+
+  Raises:
+    ValueError: another number of weights, or a shape that differs (another model's weights).
+  """
   variables = model.weights
   if len(variables) != len(weights):
     raise ValueError(f'model has {len(variables)} weights but {len(weights)} were given: the '
@@ -100,7 +108,20 @@ class Evaluator:
     return tf.reduce_sum(ce), conf
 
   def evaluate(self, weights: Optional[Sequence], dataset: tf.data.Dataset) -> dict:
-    """Returns test_accuracy, test_loss, per-class accuracy and the confusion matrix."""
+    """The model's test metrics on `dataset`.
+
+    Args:
+      weights: flat weights to assign first, or None to evaluate the model as it is.
+      dataset: batches of (images, int labels).
+
+    Returns:
+      {'test_accuracy', 'test_loss' (mean cross-entropy), 'test_examples',
+      'per_class_accuracy' (NaN for a class without examples), 'confusion_matrix' (true x
+      predicted counts)}.
+
+    Raises:
+      ValueError: the dataset is empty, or the weights belong to another model.
+    """
     if weights is not None:
       set_weights(self.model, weights)
     loss_sum = 0.0
@@ -124,9 +145,8 @@ class Evaluator:
 
 class _Serving(tf.Module):
   """What an export holds: the serving function and the model's variables, by name. Not the Keras
-  model object: tf.saved_model.save then also traces every layer's call for Keras' own restore (a
-  ResNet20 export took 3.9 s with it, 1.2 s without, docs/benchmarks.md §3; `bench.speed.run_phases
-  --settings=fidelity`), while the contract is the signature."""
+  model object: tf.saved_model.save then also traces every layer's call for Keras' own restore,
+  which made every export slower (docs/benchmarks.md §3), while the contract is the signature."""
 
   def __init__(self, model: tf.keras.Model, input_shape: Sequence[int]):
     super().__init__()
@@ -148,7 +168,21 @@ def export_saved_model(model_fn: Callable[[], tf.keras.Model], weights: Sequence
   """Writes the model with `weights` as a SavedModel at `path` (atomically: temp dir + rename).
   `metadata` goes to its tff_decorr.json, with the input shape and the output sizes; with 'model',
   'model_kwargs' (model_kwargs()) and 'precision' too, as the run writes it, `load_serving` reads
-  the export back as data."""
+  the export back as data.
+
+  Args:
+    model_fn: builds the model the weights belong to.
+    weights: its flat weights, in `model.weights` order.
+    path: the export directory; an existing one is replaced.
+    metadata: the tff_decorr.json entries.
+
+  Returns:
+    `path`.
+
+  Raises:
+    ValueError: the weights do not fit the model.
+    OSError: the export cannot be written.
+  """
   model = model_fn()
   set_weights(model, weights)
   input_shape = tuple(int(d) for d in model.input_shape[1:])
@@ -179,8 +213,17 @@ class SavedModelError(ValueError):
 
 
 def read_metadata(path: str) -> dict:
-  """The export's tff_decorr.json ({} when it has none). SavedModelError if it is not a JSON
-  object."""
+  """The export's tff_decorr.json.
+
+  Args:
+    path: the SavedModel directory.
+
+  Returns:
+    Its metadata dict; {} when it has none.
+
+  Raises:
+    SavedModelError: the file cannot be read or is not a JSON object.
+  """
   meta = os.path.join(path, METADATA_FILE)
   if not os.path.exists(meta):
     return {}
@@ -395,7 +438,20 @@ def load_serving(path: str, flag: str = '--saved_model', trust_saved_model: bool
 
 def check_compatible(fn, meta: Mapping[str, Any], num_classes: int, input_shape: Sequence[int],
                      task_name: str, flag: str = '--saved_model') -> None:
-  """Refuses a SavedModel whose input or output size does not match the task."""
+  """Refuses a SavedModel whose input or output size does not match the task.
+
+  Args:
+    fn: the SavedModel's serving function.
+    meta: its tff_decorr.json ({} for a foreign one).
+    num_classes: the task's classes.
+    input_shape: the task's image shape.
+    task_name: for the message.
+    flag: the flag that named the model, for the message.
+
+  Raises:
+    SavedModelError: the input shape or the number of outputs differs (the message names the
+      task the model was trained on when known).
+  """
   spec = fn.structured_input_signature[1]['images']
   model_shape = tuple(int(d) for d in spec.shape[1:])
   if model_shape != tuple(input_shape):

@@ -20,8 +20,7 @@ same export of other weights. It also saves each model as a Keras object (what t
 with `tf.saved_model.save(model)`, which bin/evaluate reads under --trust_saved_model) and a
 checkpoint in TFF's SavedModel format (what tff_decorr wrote before checkpoint_files). It prints
 the union, which is the list below; `--check` fails when an export names an operation the list
-lacks (8 minutes on two busy cores; tests/graph_check_test.py checks every model in both
-precisions, faster). Regenerate it after a TensorFlow upgrade.
+lacks (minutes: it exports every model). Regenerate it after a TensorFlow upgrade.
 
 The checkpoint operations (SaveV2, RestoreV2, MergeV2Checkpoints) read and write files; every
 SavedModel has them, in the functions its saver runs to save and restore variables. They are
@@ -172,7 +171,18 @@ def _read(path: str):
 
 
 def operations(path: str) -> set:
-  """Every operation named in the SavedModel directory `path` (its graphs and functions)."""
+  """Every operation named in the SavedModel directory `path` (its graphs and functions).
+
+  Args:
+    path: a SavedModel directory.
+
+  Returns:
+    The set of op type names.
+
+  Raises:
+    OSError: neither saved_model.pb nor saved_model.pbtxt can be read.
+    google.protobuf.message.DecodeError: the file is not a SavedModel proto.
+  """
   out = set()
   for meta_graph in _read(path).meta_graphs:
     out.update(node.op for node in meta_graph.graph_def.node)
@@ -184,7 +194,18 @@ def operations(path: str) -> set:
 def unsafe_operations(path: str) -> list[tuple[str, str]]:
   """(operation, why it is refused) for each refused operation in the SavedModel directory `path`
   (sorted, one per kind): any not in ALLOWED_OPS, and a checkpoint operation outside the saver.
-  Reads saved_model.pb (or .pbtxt) only; runs nothing."""
+  Reads saved_model.pb (or .pbtxt) only; runs nothing.
+
+  Args:
+    path: a SavedModel directory.
+
+  Returns:
+    [(operation, reason)], sorted; [] for a graph tff_decorr could have written.
+
+  Raises:
+    OSError: as `operations`.
+    google.protobuf.message.DecodeError: as `operations`.
+  """
   found = {}
   for meta_graph in _read(path).meta_graphs:
     _meta_graph_refusals(meta_graph, found)
@@ -196,7 +217,15 @@ def check(path: str, what: str) -> None:
   `path` names an operation tff_decorr's SavedModels never use; a text SavedModel
   (saved_model.pbtxt, which the loader reads when saved_model.pb is absent) is checked the same
   way. A directory with neither, or one that cannot be parsed (which the loader cannot parse
-  either), is left to the loader's own errors."""
+  either), is left to the loader's own errors.
+
+  Args:
+    path: a SavedModel (or TFF checkpoint) directory.
+    what: how the message names it ('--saved_model=...').
+
+  Raises:
+    UnsafeGraphError: it names a refused operation.
+  """
   if not any(os.path.exists(os.path.join(path, name))
              for name in ('saved_model.pb', 'saved_model.pbtxt')):
     return
@@ -223,7 +252,18 @@ def export_operations(directory: str, model_name: str, precision_name: str, vari
                       keras_object: bool = False) -> set:
   """The operations of tff_decorr's export (run_files/export.py) of `model_name` built in
   `precision_name` with `variant` (model kwargs), written under `directory`; with
-  `keras_object`, of the Keras model saved as an object instead."""
+  `keras_object`, of the Keras model saved as an object instead.
+
+  Args:
+    directory: a scratch folder.
+    model_name: a name in models.names().
+    precision_name: one of models.PRECISIONS.
+    variant: extra model kwargs (`VARIANTS`).
+    keras_object: save the Keras model with tf.saved_model.save instead.
+
+  Returns:
+    The set of op type names of that SavedModel.
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tff_decorr import models  # pylint: disable=g-import-not-at-top
   from tff_decorr.models import precision  # pylint: disable=g-import-not-at-top
@@ -246,7 +286,14 @@ def export_operations(directory: str, model_name: str, precision_name: str, vari
 
 def old_checkpoint_operations(directory: str) -> set:
   """The operations of a checkpoint in TFF's SavedModel format (tff_decorr before
-  checkpoint_files), with the structure the training program saves."""
+  checkpoint_files), with the structure the training program saves.
+
+  Args:
+    directory: a scratch folder.
+
+  Returns:
+    The set of op type names.
+  """
   import asyncio  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
@@ -259,7 +306,15 @@ def old_checkpoint_operations(directory: str) -> set:
 
 
 def derive_allowed_ops(directory: str, log=print) -> set:
-  """Every operation of tff_decorr's SavedModels, as the module docstring says."""
+  """Every operation of tff_decorr's SavedModels, as the module docstring says.
+
+  Args:
+    directory: a scratch folder for the exports.
+    log: called with one line per export.
+
+  Returns:
+    The union of their op type names.
+  """
   from tff_decorr import models  # pylint: disable=g-import-not-at-top
   out = old_checkpoint_operations(directory)
   for name in models.names():
@@ -274,6 +329,14 @@ def derive_allowed_ops(directory: str, log=print) -> set:
 
 
 def main(argv) -> int:
+  """Prints the derived ALLOWED_OPS; with --check, what ALLOWED_OPS lacks or has in excess.
+
+  Args:
+    argv: the command line's arguments ('--check' or none).
+
+  Returns:
+    The exit status: 1 when --check finds an operation missing from ALLOWED_OPS, else 0.
+  """
   import tempfile  # pylint: disable=g-import-not-at-top
   from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top,unused-import
   with tempfile.TemporaryDirectory() as directory:

@@ -48,7 +48,7 @@ import math
 import os
 import time
 import uuid
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 FILE_NAME = 'dp_releases.jsonl'  # the ledger's name beside a cache's shards, before this module
 RUN_RECORD = 'dp_ledger.json'  # in a run directory: the ledger it uses, the releases it has seen
@@ -371,30 +371,45 @@ def _record_release(run: str, entry: dict) -> None:
     os.fsync(f.fileno())
 
 
-class RecordingRuntime:
-  """A runtime whose every round is recorded in `ledger` once it has been computed (the noised
-  aggregate exists from then on, whether or not its checkpoint is ever written), then in the run
-  directory's own copy, and counted in the run directory's record (`known`: the releases on the
-  data known at the start)."""
+class ReleaseHook:
+  """A run directory's hook (run_directory.RunDirectory.hooks) that records every round of a run
+  in `ledger` once it has been computed (the noised aggregate exists from then on, whether or not
+  its checkpoint is ever written), then in the run directory's own copy, and counts it in the run
+  directory's record (`known`: the releases on the data known at the start)."""
 
-  def __init__(self, runtime, ledger: Ledger, *, run: str, noise_multiplier: float,
+  def __init__(self, ledger: Ledger, *, run: str, noise_multiplier: float,
                clients_per_round: int, num_clients: int, known: int = 0):
-    self._runtime = runtime
     self._ledger = ledger
     self._run = run
     self._known = known
     self._entry = dict(run=run, noise_multiplier=noise_multiplier,
                        clients_per_round=clients_per_round, num_clients=num_clients)
 
-  def __getattr__(self, name):
-    return getattr(self._runtime, name)
+  @classmethod
+  def start(cls, ledger: Ledger, run: str, resumed_round: int, entry: Mapping[str, Any],
+            log=print) -> 'ReleaseHook':
+    """The hook of a run starting (or resuming after `resumed_round`) in `run`: says where its
+    ledger is, whether this data was released before and whether the ledger lost releases, and
+    records the count it knows in the run directory. `entry`: noise_multiplier,
+    clients_per_round and num_clients of each round's release."""
+    seen = account(ledger, run, resumed_round)
+    log(f'Privacy: the ledger of this data is {ledger.path}.')
+    if seen.releases:
+      log(f'Privacy: {len(seen.releases)} DP rounds were released on this data before this '
+          f'start (ledger {ledger.path}); summary.json\'s dp_epsilon_all_releases counts them with '
+          'this run\'s.')
+    if seen.unreadable_lines:
+      log(f'Privacy: warning: {seen.unreadable_note()}.')
+    if seen.missing:
+      log(f'Privacy: warning: {seen.note()}.')
+    record_run(ledger, run, seen.known)
+    return cls(ledger, run=run, known=seen.known, **entry)
 
-  def run_round(self, *args, **kwargs):
-    result = self._runtime.run_round(*args, **kwargs)
+  def released(self, round_num: int) -> None:
+    del round_num  # One release per round; its ledger line names the run, not the round.
     _record_release(self._run, self._ledger.append(**self._entry))
     self._known += 1
     record_run(self._ledger, self._run, self._known)
-    return result
 
 
 def open_for_run(task: str, examples_hash: str, legacy_dirs: Iterable[str] = (),

@@ -1,6 +1,6 @@
 """TensorBoard's HParams dashboard: what a run and a study write for it.
 
-A run (round_loop.py, in its tensorboard/ directory) writes its hyper-parameters once per start, as
+A run (metrics_log.py, in its tensorboard/ directory) writes its hyper-parameters once per start, as
 the hparams plugin's session-start record (`hp.hparams`), and its final and best test accuracy when
 it finishes, as scalars named by `METRICS`. A study (bin/study, study.py) writes at its root the
 experiment configuration (`hp.hparams_config`): its axes, the grid's flags that differ between runs,
@@ -22,14 +22,15 @@ from typing import Any, Dict, Mapping, Sequence, Tuple, Union
 Value = Union[bool, int, float, str]
 
 # (scalar tag, what the dashboard calls it). final_/best_ are written by the run when it finishes;
-# train_loss is the per-round scalar round_loop.Metrics writes (the dashboard shows its last value).
+# train_loss is the per-round scalar metrics_log.Metrics writes (the dashboard shows its last
+# value).
 METRICS: Tuple[Tuple[str, str], ...] = (
     ('final_test_accuracy', 'final test accuracy'),
     ('best_test_accuracy', 'best test accuracy'),
     ('best_round', 'round of the best test accuracy'),
     ('train_loss', 'last training loss'),
 )
-# The scalars a run writes once, at its end (not per round: round_loop.repair_metrics skips them).
+# The scalars a run writes once, at its end (not per round: metrics_log.repair_metrics skips them).
 FINAL_TAGS = ('final_test_accuracy', 'best_test_accuracy', 'best_round')
 # Where a run reads and writes, and how it reaches its workers: not hyper-parameters.
 NOT_HPARAMS = ('output_dir', 'data_dir', 'cache_dir', 'workers',
@@ -55,7 +56,14 @@ def _scalar(value: Any) -> Any:
 def run_hparams(config: Mapping[str, Any]) -> Dict[str, Value]:
   """{bin/train flag name: value} of a resolved configuration (`Config.to_dict()`, config.json):
   its generic settings and each of its components' settings (`{'fedprox': {'mu': 0.01}}` ->
-  `fedprox_mu`), without locations (NOT_HPARAMS)."""
+  `fedprox_mu`), without locations (NOT_HPARAMS).
+
+  Args:
+    config: the configuration's plain form.
+
+  Returns:
+    {flag name: bool, number or string}; values the plugin cannot hold (lists, None) are left out.
+  """
   out: Dict[str, Value] = {}
   for key, value in config.items():
     if key == 'hparams' or key in NOT_HPARAMS:
@@ -75,7 +83,13 @@ def run_hparams(config: Mapping[str, Any]) -> Dict[str, Value]:
 
 
 def write_run(writer, config: Mapping[str, Any], trial_id: str) -> None:
-  """A run's hyper-parameters (the hparams plugin's session start) through tf.summary `writer`."""
+  """A run's hyper-parameters (the hparams plugin's session start) through tf.summary `writer`.
+
+  Args:
+    writer: the run's tf.summary file writer.
+    config: the configuration's plain form.
+    trial_id: the run's name on the dashboard.
+  """
   from tensorboard.plugins.hparams import api as hp  # pylint: disable=g-import-not-at-top
   with writer.as_default():
     hp.hparams(run_hparams(config), trial_id=trial_id)
@@ -83,7 +97,15 @@ def write_run(writer, config: Mapping[str, Any], trial_id: str) -> None:
 
 
 def write_final(writer, summary: Mapping[str, Any]) -> None:
-  """The finished run's metrics (METRICS written at its end) as scalars at its last round."""
+  """The finished run's metrics (METRICS written at its end) as scalars at its last round.
+
+  Args:
+    writer: the run's tf.summary file writer.
+    summary: summary.json's content ('final_round' and the FINAL_TAGS it has).
+
+  Raises:
+    KeyError: `summary` has no 'final_round'.
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   step = int(summary['final_round'])
   with writer.as_default():
@@ -96,7 +118,15 @@ def write_final(writer, summary: Mapping[str, Any]) -> None:
 def study_axes(axes: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> Dict[str, list]:
   """{axis: its distinct values over the runs' resolved configurations, typed as the runs write
   them}, in the axes' order; an axis no configuration holds (a flag that is not a setting) has
-  no values."""
+  no values.
+
+  Args:
+    axes: the study's axes, as flag names.
+    configs: the runs' configurations, plain form.
+
+  Returns:
+    {axis: [distinct values, in first-seen order]}.
+  """
   values: Dict[str, list] = {a: [] for a in axes}
   for config in configs:
     flat = run_hparams(config)
@@ -108,7 +138,19 @@ def study_axes(axes: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> Dic
 
 def write_study(study_dir: str, axes: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> str:
   """The study's experiment configuration at `study_dir` (its own event file, replacing the one
-  an earlier invocation wrote, so the dashboard shows the current grid); returns the file."""
+  an earlier invocation wrote, so the dashboard shows the current grid).
+
+  Args:
+    study_dir: the study's directory.
+    axes: its axes, as flag names.
+    configs: its runs' configurations, plain form.
+
+  Returns:
+    The event file written ('' if none appeared).
+
+  Raises:
+    OSError: the directory cannot be written.
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tensorboard.plugins.hparams import api as hp  # pylint: disable=g-import-not-at-top
   params = []

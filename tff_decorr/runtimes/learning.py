@@ -33,6 +33,7 @@ privacy aggregators (DP, secure aggregation), whose guarantee it would void.
 from __future__ import annotations
 
 import collections
+import types
 from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
@@ -327,6 +328,27 @@ def _algorithm_regularizer(regularizer):
   return regularizer
 
 
+def _checked_arguments(name, model_fn, client_dataset_fn, client_ids) -> Optional[list[str]]:
+  """build_process's argument checks; returns client_ids as a list of strings (or None)."""
+  if name not in process_algorithms():
+    raise ValueError(f'name={name!r}: no LearningProcess form; choose one of '
+                     f'{", ".join(process_algorithms())}.')
+  if not callable(model_fn):
+    raise ValueError('model_fn must be a no-arg callable returning a Keras model.')
+  if not callable(client_dataset_fn):
+    raise ValueError('client_dataset_fn must be a callable (client_id, seed) -> tf.data.Dataset '
+                     'built from TF ops.')
+  if client_ids is not None:
+    client_ids = [str(c) for c in client_ids]
+    if not client_ids or len(set(client_ids)) != len(client_ids):
+      raise ValueError('client_ids must be a non-empty list of distinct client ids.')
+  if algorithms.algorithm_class(name).stateful and client_ids is None:
+    raise ValueError(f'client_ids is required for {name!r}: its per-client state is kept in the '
+                     'server state, one row per client id.')
+  return client_ids
+
+
+# Ten parameters: the public API mirrors tff.learning.algorithms' builders, one keyword per choice.
 def build_process(name: str, model_fn: Callable[[], tf.keras.Model],
                   client_dataset_fn: Callable[[tf.Tensor, tf.Tensor], tf.data.Dataset], *,
                   config: ClientConfig = ClientConfig(),
@@ -390,23 +412,9 @@ def build_process(name: str, model_fn: Callable[[], tf.keras.Model],
       tensors created outside it (the message says why and what to do).
     TypeError: client_dataset_fn returns something other than a tf.data.Dataset.
   """
-  if name not in process_algorithms():
-    raise ValueError(f'name={name!r}: no LearningProcess form; choose one of '
-                     f'{", ".join(process_algorithms())}.')
-  if not callable(model_fn):
-    raise ValueError('model_fn must be a no-arg callable returning a Keras model.')
-  if not callable(client_dataset_fn):
-    raise ValueError('client_dataset_fn must be a callable (client_id, seed) -> tf.data.Dataset '
-                     'built from TF ops.')
-  if client_ids is not None:
-    client_ids = [str(c) for c in client_ids]
-    if not client_ids or len(set(client_ids)) != len(client_ids):
-      raise ValueError('client_ids must be a non-empty list of distinct client ids.')
-  cls = algorithms.algorithm_class(name)
-  if cls.stateful and client_ids is None:
-    raise ValueError(f'client_ids is required for {name!r}: its per-client state is kept in the '
-                     'server state, one row per client id.')
-  if cls.needs_num_clients and 'num_clients' not in hparams and client_ids is not None:
+  client_ids = _checked_arguments(name, model_fn, client_dataset_fn, client_ids)
+  if (algorithms.algorithm_class(name).needs_num_clients and 'num_clients' not in hparams
+      and client_ids is not None):
     hparams['num_clients'] = len(client_ids)
   if model_aggregator is None:
     model_aggregator = tff.aggregators.MeanFactory()
@@ -487,39 +495,14 @@ class _ProcessBuilder:
     return flat
 
   def build(self) -> tff.learning.templates.LearningProcess:
-    alg = self.alg
-    server_state0 = alg.initial_server_state(self.weights)
-    extras0 = collections.OrderedDict((k, v) for k, v in server_state0.items() if k != 'weights')
-    work0 = collections.OrderedDict(round=np.int64(0))
-    if self.stateful:
-      client0 = alg.initial_client_state(self.weights)
-      n = len(self.client_ids)
-      work0['states'] = tf.nest.map_structure(lambda x: np.stack([np.asarray(x)] * n), client0)
-
-    @tff.tensorflow.computation
-    def model_weights_init():
-      return self.to_model_weights(_constant(self.weights))
-
-    @tff.tensorflow.computation
-    def finalizer_init():
-      return _constant(extras0)
-
-    @tff.tensorflow.computation
-    def work_init():
-      return _constant(work0)
-
-    mw_type = model_weights_init.type_signature.result
-    extras_type = finalizer_init.type_signature.result
-    work_type = work_init.type_signature.result
-
-    def server_state(mw, extras):
-      state = dict(extras)
-      state['weights'] = self.from_model_weights(mw)
-      return state
+    init = self._initial_computations()
+    mw_type, extras_type, work_type = (init.model_weights.type_signature.result,
+                                       init.finalizer.type_signature.result,
+                                       init.work.type_signature.result)
 
     @tff.tensorflow.computation(mw_type, extras_type, work_type)
     def to_clients_tf(mw, extras, work):
-      out = collections.OrderedDict(broadcast=alg.broadcast(server_state(mw, extras)),
+      out = collections.OrderedDict(broadcast=self.alg.broadcast(self._server_state(mw, extras)),
                                     round=work['round'])
       if self.stateful:
         out['states'] = work['states']
@@ -527,44 +510,19 @@ class _ProcessBuilder:
 
     client_tf = self._client_computation(to_clients_tf.type_signature.result)
     out_type = client_tf.type_signature.result
-
     agg = self.round.aggregation_process(out_type['update'], out_type['weight'])
-    bytes_per_client = self.round.upload_bytes_per_client(agg, out_type['exact'])
-    float_bytes = (aggregation.tensor_bytes(out_type['update'])
-                   + aggregation.tensor_bytes(out_type['exact']))
-
-    @tff.tensorflow.computation(mw_type, extras_type, out_type['update'], out_type['exact'],
-                                tf.float32)
-    def server_tf(mw, extras, aggregate, exact, total_weight):
-      new_state = self.round.server_update(server_state(mw, extras), aggregate, exact,
-                                           total_weight)
-      extras_out = collections.OrderedDict((k, new_state[k]) for k in extras0)
-      return collections.OrderedDict(model_weights=self.to_model_weights(new_state['weights']),
-                                     extras=extras_out)
-
-    collect = self._state_collection(out_type, work_type, work0.get('states'))
-
-    @tff.tensorflow.computation(out_type['metrics'])
-    def metrics_tf(m):
-      ex = m['examples']
-      mean = lambda k: tf.math.divide_no_nan(m[k], ex)
-      train = collections.OrderedDict(
-          loss=mean('loss_sum'), cross_entropy=mean('ce_sum'), regularizer=mean('reg_sum'),
-          algorithm_loss=mean('extra_sum'), accuracy=mean('correct'), num_examples=ex,
-          num_steps=m['steps'], clients=m['clients'])
-      communication = collections.OrderedDict(
-          bytes_up=m['clients'] * float(bytes_per_client),
-          bytes_up_float32=m['clients'] * float(float_bytes), bytes_down=m['bytes_down'])
-      return collections.OrderedDict(train=train, communication=communication)
+    server_tf = self._server_computation(mw_type, extras_type, out_type, init.extras0)
+    collect = self._state_collection(out_type, work_type, init.work0.get('states'))
+    metrics_tf = self._metrics_computation(out_type, agg)
 
     @tff.federated_computation
     def init_fn():
       return tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
-          global_model_weights=tff.federated_eval(model_weights_init, tff.SERVER),
+          global_model_weights=tff.federated_eval(init.model_weights, tff.SERVER),
           distributor=tff.federated_value((), tff.SERVER),
-          client_work=tff.federated_eval(work_init, tff.SERVER),
+          client_work=tff.federated_eval(init.work, tff.SERVER),
           aggregator=agg.initialize(),
-          finalizer=tff.federated_eval(finalizer_init, tff.SERVER)))
+          finalizer=tff.federated_eval(init.finalizer, tff.SERVER)))
 
     state_type = init_fn.type_signature.result
 
@@ -591,7 +549,80 @@ class _ProcessBuilder:
           finalizer=tff.federated_value((), tff.SERVER)))
       return tff.learning.templates.LearningProcessOutput(new_state, metrics)
 
-    member = state_type.member
+    get_model_weights, set_model_weights = self._weights_accessors(state_type.member)
+    return tff.learning.templates.LearningProcess(init_fn, next_fn, get_model_weights,
+                                                  set_model_weights)
+
+  def _initial_computations(self) -> types.SimpleNamespace:
+    """The server's initial values (extras0, work0) and the no-arg computations returning them."""
+    alg = self.alg
+    server_state0 = alg.initial_server_state(self.weights)
+    extras0 = collections.OrderedDict((k, v) for k, v in server_state0.items() if k != 'weights')
+    work0 = collections.OrderedDict(round=np.int64(0))
+    if self.stateful:
+      client0 = alg.initial_client_state(self.weights)
+      n = len(self.client_ids)
+      work0['states'] = tf.nest.map_structure(lambda x: np.stack([np.asarray(x)] * n), client0)
+
+    @tff.tensorflow.computation
+    def model_weights_init():
+      return self.to_model_weights(_constant(self.weights))
+
+    @tff.tensorflow.computation
+    def finalizer_init():
+      return _constant(extras0)
+
+    @tff.tensorflow.computation
+    def work_init():
+      return _constant(work0)
+
+    return types.SimpleNamespace(extras0=extras0, work0=work0, model_weights=model_weights_init,
+                                 finalizer=finalizer_init, work=work_init)
+
+  def _server_state(self, mw, extras):
+    """The algorithm's server state from tff.learning's ModelWeights and the finalizer's extras."""
+    state = dict(extras)
+    state['weights'] = self.from_model_weights(mw)
+    return state
+
+  def _server_computation(self, mw_type, extras_type, out_type, extras0):
+    """(model weights, extras, aggregate, exact, total weight) -> the server update's new state."""
+
+    @tff.tensorflow.computation(mw_type, extras_type, out_type['update'], out_type['exact'],
+                                tf.float32)
+    def server_tf(mw, extras, aggregate, exact, total_weight):
+      new_state = self.round.server_update(self._server_state(mw, extras), aggregate, exact,
+                                           total_weight)
+      extras_out = collections.OrderedDict((k, new_state[k]) for k in extras0)
+      return collections.OrderedDict(model_weights=self.to_model_weights(new_state['weights']),
+                                     extras=extras_out)
+
+    return server_tf
+
+  def _metrics_computation(self, out_type, agg):
+    """Summed client metrics -> the process's train and communication metrics."""
+    bytes_per_client = self.round.upload_bytes_per_client(agg, out_type['exact'])
+    float_bytes = (aggregation.tensor_bytes(out_type['update'])
+                   + aggregation.tensor_bytes(out_type['exact']))
+
+    @tff.tensorflow.computation(out_type['metrics'])
+    def metrics_tf(m):
+      ex = m['examples']
+      mean = lambda k: tf.math.divide_no_nan(m[k], ex)
+      train = collections.OrderedDict(
+          loss=mean('loss_sum'), cross_entropy=mean('ce_sum'), regularizer=mean('reg_sum'),
+          algorithm_loss=mean('extra_sum'), accuracy=mean('correct'), num_examples=ex,
+          num_steps=m['steps'], clients=m['clients'])
+      communication = collections.OrderedDict(
+          bytes_up=m['clients'] * float(bytes_per_client),
+          bytes_up_float32=m['clients'] * float(float_bytes), bytes_down=m['bytes_down'])
+      return collections.OrderedDict(train=train, communication=communication)
+
+    return metrics_tf
+
+  @staticmethod
+  def _weights_accessors(member):
+    """The LearningProcess's get_model_weights and set_model_weights for state type `member`."""
 
     @tff.tensorflow.computation(member)
     def get_model_weights(state):
@@ -603,8 +634,7 @@ class _ProcessBuilder:
           global_model_weights=model_weights, distributor=state.distributor,
           client_work=state.client_work, aggregator=state.aggregator, finalizer=state.finalizer)
 
-    return tff.learning.templates.LearningProcess(init_fn, next_fn, get_model_weights,
-                                                  set_model_weights)
+    return get_model_weights, set_model_weights
 
   def _client_computation(self, to_clients_type):
     ids, stateful = self.client_ids, self.stateful

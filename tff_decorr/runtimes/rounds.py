@@ -45,7 +45,14 @@ SERVER_PREFIX = 'server/'
 
 def flat_server_metrics(metrics) -> dict:
   """The server step's scalars (`Round.server_update_with_metrics`) as the round's metrics
-  {'server/<name>': float}, next to the clients' sums (metrics.csv and TensorBoard columns)."""
+  {'server/<name>': float}, next to the clients' sums (metrics.csv and TensorBoard columns).
+
+  Args:
+    metrics: {name: scalar} (tensors or arrays), or None or () (no server metrics).
+
+  Returns:
+    {'server/<name>': float}; {} without metrics.
+  """
   if not metrics:  # None here: an empty structure comes back from a remote worker as ().
     return {}
   return {SERVER_PREFIX + name: float(np.asarray(value)) for name, value in metrics.items()}
@@ -77,6 +84,11 @@ class Round:
     return self.factory is None
 
   def new_workspace(self) -> Workspace:
+    """A fresh workspace (Keras models and optimiser variables) for one client at a time.
+
+    Returns:
+      A `Workspace` of the algorithm's `num_models` models.
+    """
     return Workspace(self.algorithm.model_fn, self.algorithm.num_models)
 
   # ---- client ----
@@ -94,7 +106,18 @@ class Round:
   def client_work(self, ws: Workspace):
     """fn(broadcast, dataset, client_state) -> OrderedDict(update, exact, weight, one,
     client_state, metrics), bound to workspace `ws` (TF ops; call it inside a tf.function or a
-    tff.tensorflow.computation)."""
+    tff.tensorflow.computation).
+
+    Args:
+      ws: the workspace the client trains in.
+
+    Returns:
+      The function; `update` is what the aggregator takes (the contribution, or under a factory
+      its delta), `exact` the exact-sum keys, `one` a constant 1 (to count clients).
+
+    Raises:
+      ValueError: when traced, an `exact_keys` entry is not a key of the contribution.
+    """
     step = self.algorithm.make_client_step(ws)
 
     def work(broadcast, dataset, client_state):
@@ -111,12 +134,35 @@ class Round:
   # ---- server ----
   def server_update(self, server_state, aggregate, exact, total_weight):
     """The algorithm's new server state from the aggregate, the exact sums and the total weight
-    (the summed weights; under an unweighted factory, the number of clients). TF ops."""
+    (the summed weights; under an unweighted factory, the number of clients). TF ops.
+
+    Args:
+      server_state: the state at the round's start.
+      aggregate: the aggregator's output (the plain sum, or the factory's aggregate of deltas).
+      exact: the exact sums of the `exact_keys` parts.
+      total_weight: as above.
+
+    Returns:
+      The new server state.
+    """
     return self.server_update_with_metrics(server_state, aggregate, exact, total_weight)[0]
 
   def server_update_with_metrics(self, server_state, aggregate, exact, total_weight):
     """(`server_update`'s new state, OrderedDict of the algorithm's `server_metrics` as float32
-    scalars, by name). The faces report them as `server/<name>` (`flat_server_metrics`). TF ops."""
+    scalars, by name). The faces report them as `server/<name>` (`flat_server_metrics`). TF ops.
+
+    Under a factory, BN moving variances of the new state are clamped at 0 (noise or quantisation
+    can push an averaged variance below zero).
+
+    Args:
+      server_state: as `server_update`'s.
+      aggregate: as `server_update`'s.
+      exact: as `server_update`'s.
+      total_weight: as `server_update`'s.
+
+    Returns:
+      (new server state, OrderedDict {name: float32 scalar}, names sorted).
+    """
     alg = self.algorithm
     summed = aggregate if self.plain else aggregation.summed_contribution(
         alg, alg.broadcast(server_state), aggregate, total_weight)
@@ -132,7 +178,18 @@ class Round:
   # ---- aggregation (federated) ----
   def aggregation_process(self, update_type, weight_type) -> tff.templates.AggregationProcess:
     """The process that aggregates `update`: SumFactory's for the plain sum, else the factory's
-    (after the compatibility check against the algorithm's capabilities)."""
+    (after the compatibility check against the algorithm's capabilities).
+
+    Args:
+      update_type: the TFF type of a client's `update`.
+      weight_type: the TFF type of a client's weight.
+
+    Returns:
+      A `tff.templates.AggregationProcess`.
+
+    Raises:
+      ValueError: the factory refuses the algorithm (its capabilities) or the update's type.
+    """
     if self.plain:
       return tff.aggregators.SumFactory().create(update_type)
     return aggregation.create(self.factory, update_type, weight_type, self.algorithm,
@@ -140,7 +197,17 @@ class Round:
 
   def aggregate(self, process: tff.templates.AggregationProcess, state, outputs):
     """Inside a federated computation: (process output, exact sums, total weight) @SERVER from
-    the clients' `client_work` outputs."""
+    the clients' `client_work` outputs.
+
+    Args:
+      process: `aggregation_process`'s process.
+      state: its state @SERVER.
+      outputs: the clients' `client_work` outputs @CLIENTS.
+
+    Returns:
+      (the process's MeasuredProcessOutput, exact sums @SERVER, total weight @SERVER); the total
+      is the number of clients under an unweighted factory.
+    """
     if not self.plain and self.weighted:
       out = process.next(state, outputs.update, outputs.weight)
     else:
@@ -150,7 +217,15 @@ class Round:
 
   def upload_bytes_per_client(self, process, exact_type) -> Optional[int]:
     """Bytes a client sends under a factory (its wire format plus the exact part); None for the
-    plain sum, whose clients report their own bytes (fedavg_decomposed's vary by round)."""
+    plain sum, whose clients report their own bytes (fedavg_decomposed's vary by round).
+
+    Args:
+      process: `aggregation_process`'s process.
+      exact_type: the TFF type of a client's `exact` part.
+
+    Returns:
+      The byte count, or None for the plain sum.
+    """
     if self.plain:
       return None
     return aggregation.upload_bytes_per_client(process) + aggregation.tensor_bytes(exact_type)

@@ -7,14 +7,14 @@ server update. It runs the plain sum only (bin/train's --aggregator=mean): a tff
 factory is a federated computation. It uses a GPU when TensorFlow sees one (TFF 0.87's worker is
 CPU-only).
 
-Concurrency. One small client step does not fill a CPU's cores (TensorFlow's kernels for a ResNet20
-batch of 64 keep about 1.4 of 2 cores busy), so on a CPU `concurrency` clients train at once, each
-in its own workspace (Keras model and momentum buffers) and Python thread: a tf.function call runs
-its ops without holding the GIL, and the threads share TensorFlow's intra-op pool. The uploads are
-added in the clients' order whatever order they finish in, and a client's computation does not
-depend on which thread runs it, so a round's result is bit-identical to running the clients one
-after another (tests/runtimes_test.py checks this). On a GPU one client at a time (the default
-there): kernels of concurrent clients would only queue on the same device.
+Concurrency. One small client step does not fill a CPU's cores (docs/benchmarks.md §1: one client
+against two at once), so on a CPU `concurrency` clients train at once, each in its own workspace
+(Keras model and momentum buffers) and Python thread: a tf.function call runs its ops without
+holding the GIL, and the threads share TensorFlow's intra-op pool. The uploads are added in the
+clients' order whatever order they finish in, and a client's computation does not depend on which
+thread runs it, so a round's result is bit-identical to running the clients one after another. On
+a GPU one client at a time (the default there): kernels of concurrent clients would only queue on
+the same device.
 
 Two things keep the cores busy at a round's edges. The first concurrent round traces the extra
 workspaces in the calling thread while the first workspace already trains (tracing is Python and
@@ -50,7 +50,11 @@ def _to_tensors(structure):
 
 
 def default_concurrency() -> int:
-  """Clients trained at once by default: 1 on a GPU, else one per CPU core this process may use."""
+  """Clients trained at once by default: 1 on a GPU, else one per CPU core this process may use.
+
+  Returns:
+    An int >= 1.
+  """
   if tf.config.list_physical_devices('GPU'):
     return 1
   return max(1, len(os.sched_getaffinity(0)))
@@ -58,7 +62,15 @@ def default_concurrency() -> int:
 
 def longest_first(client_ids: Sequence[str], seconds: dict) -> list:
   """Positions of `client_ids` in the order to start them: clients never timed first, in the
-  given order (they may be long), then the timed ones by their last time, longest first."""
+  given order (they may be long), then the timed ones by their last time, longest first.
+
+  Args:
+    client_ids: the round's sampled clients.
+    seconds: {client id: wall seconds of its last local training}.
+
+  Returns:
+    A permutation of range(len(client_ids)); ties keep the given order.
+  """
   unknown = [i for i, c in enumerate(client_ids) if c not in seconds]
   known = sorted((i for i, c in enumerate(client_ids) if c in seconds),
                  key=lambda i: (-seconds[client_ids[i]], i))
@@ -72,7 +84,14 @@ _REORDER_MAX_CLIENTS_PER_THREAD = 4
 
 
 def sum_structures(structures: Sequence[Any]):
-  """Element-wise sum of identical structures (the runtime's aggregation: a plain SUM)."""
+  """Element-wise sum of identical structures (the runtime's aggregation: a plain SUM).
+
+  Args:
+    structures: a non-empty sequence of nests of tensors, all of one structure.
+
+  Returns:
+    One nest of that structure, each leaf the tf.add_n of the corresponding leaves.
+  """
   return tf.nest.map_structure(lambda *xs: tf.add_n(list(xs)), *structures)
 
 
@@ -119,8 +138,8 @@ class TfRuntime:
     dataset_fn = self.client_dataset_fn
 
     # The dataset is built inside a tf.function, as inside the TFF computation: its pipeline is
-    # traced once instead of once per client (building tf.data map functions eagerly costs ~0.1 s
-    # a client), so per-client overhead does not depend on how many clients a round has.
+    # traced once instead of once per client (building tf.data map functions eagerly is paid per
+    # client), so per-client overhead does not depend on how many clients a round has.
     @tf.function
     def step_from_id(broadcast, client_id, seed, state):
       return work(broadcast, dataset_fn(client_id, seed), state)
@@ -173,13 +192,33 @@ class TfRuntime:
       self._pool = None
 
   def initialize(self, initial_weights=None):
+    """The server state before round 1.
+
+    Args:
+      initial_weights: the global model's starting weights; None: the algorithm's own.
+
+    Returns:
+      The algorithm's `initial_server_state` of those weights (NumPy).
+    """
     weights = self.algorithm.initial_weights() if initial_weights is None else initial_weights
     return self.algorithm.initial_server_state(weights)
 
   def run_round(self, server_state, client_inputs: Sequence[Tuple[str, int]],
                 client_states: Sequence[Any]):
-    """One round. Returns (new server state, new client states (list), metrics), NumPy: the
-    clients' summed metrics and the server step's as 'server/<name>'."""
+    """One round: the sampled clients train, their uploads are summed, the server steps.
+
+    Args:
+      server_state: the state at the round's start (NumPy or tensors).
+      client_inputs: (client id, seed) per sampled client, in the round's order.
+      client_states: each sampled client's state, in the same order.
+
+    Returns:
+      (new server state, new client states (a list, in the clients' order), metrics), NumPy:
+      the clients' summed metrics and the server step's as 'server/<name>'.
+
+    Raises:
+      ValueError: no client, or not one state per client.
+    """
     if len(client_inputs) != len(client_states):
       raise ValueError(f'client_states has {len(client_states)} entries but client_inputs has '
                        f'{len(client_inputs)}; pass one state per sampled client.')

@@ -43,19 +43,8 @@ def constant_structure(structure):
 AGGREGATOR_KEY = 'aggregator'
 
 
-def build_process(algorithm: base.Algorithm,
-                  client_dataset_fn: Callable[[tf.Tensor, tf.Tensor], tf.data.Dataset],
-                  initial_weights: Optional[Sequence[np.ndarray]] = None,
-                  aggregator: Optional[tff.aggregators.AggregationFactory] = None
-                  ) -> tff.templates.IterativeProcess:
-  """The IterativeProcess of `rounds.Round(algorithm, aggregator)`.
-
-  `initial_weights` default: algorithm.initial_weights(). `aggregator`: None, the algorithm's
-  own weighted sum; or a tff.aggregators factory.
-  State: <algorithm=the algorithm's server state, aggregator=the aggregation process's state (empty
-  for the plain sum)>; metrics: <train=summed client metrics, aggregator=its measurements,
-  server=the algorithm's server_metrics (rounds.Round.server_update_with_metrics)>.
-  """
+def _checked_initial_state(algorithm, client_dataset_fn, initial_weights):
+  """build_process's argument checks; returns (the initial weights, the initial server state)."""
   if not isinstance(algorithm, base.Algorithm):
     raise ValueError(f'algorithm must be a tff_decorr Algorithm, got {type(algorithm).__name__}.')
   if not callable(client_dataset_fn):
@@ -69,6 +58,36 @@ def build_process(algorithm: base.Algorithm,
   if AGGREGATOR_KEY in init_server:
     raise ValueError(f'algorithm {algorithm.name!r} has a server-state key {AGGREGATOR_KEY!r}, '
                      'which the runtime uses for the aggregator state.')
+  return weights, init_server
+
+
+def _server_computation(round_: rounds.Round, server_state_type, out_type):
+  """(server state, aggregate, exact, total weight) -> <state, metrics> of the server update."""
+
+  @tff.tensorflow.computation(server_state_type, out_type['update'], out_type['exact'],
+                              tf.float32)
+  def server_tf(server_state, aggregate, exact, total_weight):
+    new_state, metrics = round_.server_update_with_metrics(server_state, aggregate, exact,
+                                                           total_weight)
+    return collections.OrderedDict(state=new_state, metrics=metrics)
+
+  return server_tf
+
+
+def build_process(algorithm: base.Algorithm,
+                  client_dataset_fn: Callable[[tf.Tensor, tf.Tensor], tf.data.Dataset],
+                  initial_weights: Optional[Sequence[np.ndarray]] = None,
+                  aggregator: Optional[tff.aggregators.AggregationFactory] = None
+                  ) -> tff.templates.IterativeProcess:
+  """The IterativeProcess of `rounds.Round(algorithm, aggregator)`.
+
+  `initial_weights` default: algorithm.initial_weights(). `aggregator`: None, the algorithm's
+  own weighted sum; or a tff.aggregators factory.
+  State: <algorithm=the algorithm's server state, aggregator=the aggregation process's state (empty
+  for the plain sum)>; metrics: <train=summed client metrics, aggregator=its measurements,
+  server=the algorithm's server_metrics (rounds.Round.server_update_with_metrics)>.
+  """
+  weights, init_server = _checked_initial_state(algorithm, client_dataset_fn, initial_weights)
   round_ = rounds.Round(algorithm, aggregator)
   init_client = algorithm.initial_client_state(weights)
 
@@ -97,12 +116,7 @@ def build_process(algorithm: base.Algorithm,
   out_type = client_tf.type_signature.result
   agg = round_.aggregation_process(out_type['update'], out_type['weight'])
 
-  @tff.tensorflow.computation(server_state_type, out_type['update'], out_type['exact'],
-                              tf.float32)
-  def server_tf(server_state, aggregate, exact, total_weight):
-    new_state, metrics = round_.server_update_with_metrics(server_state, aggregate, exact,
-                                                           total_weight)
-    return collections.OrderedDict(state=new_state, metrics=metrics)
+  server_tf = _server_computation(round_, server_state_type, out_type)
 
   @tff.federated_computation
   def initialize():

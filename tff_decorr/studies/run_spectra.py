@@ -43,9 +43,16 @@ def compute(path: str, final_round: int, dataset_fn: Callable[[], Any], load_fn:
             max_examples: Optional[int] = None) -> dict:
   """The measures of the run in `path` (finished at `final_round`) from what it saved.
 
-  `dataset_fn()` gives the task's test dataset (called once, only if a model must be loaded);
-  `load_fn(model_dir) -> representation function` loads and checks one SavedModel.
-  Returns {'version', 'global': {round: [sv...]}, 'local': [{'client', 'round', 'sv', 'gap'}]}.
+  Args:
+    path: the run directory.
+    final_round: its last round (its final export is measured at it).
+    dataset_fn: gives the task's test dataset (called once, only if a model must be loaded).
+    load_fn: model_dir -> representation function; loads and checks one SavedModel.
+    max_examples: caps the test examples a spectrum is taken over; None for all.
+
+  Returns:
+    {'version', 'global': {round: [sv...]}, 'local': [{'client', 'round', 'sv', 'gap'}]},
+    JSON-ready.
   """
   dataset = []
 
@@ -77,19 +84,41 @@ def compute(path: str, final_round: int, dataset_fn: Callable[[], Any], load_fn:
 
 
 def write(path: str, measures: dict) -> str:
+  """Writes `compute`'s measures as the run's spectra.json (atomically).
+
+  Args:
+    path: the run directory.
+    measures: `compute`'s result.
+
+  Returns:
+    The file written.
+  """
   out = os.path.join(path, FILE)
   run_dir_lib.write_json_atomic(out, measures)
   return out
 
 
 def read(path: str) -> Optional[dict]:
-  """The run's spectra.json as {'global': {int round: ndarray}, 'local': [...]} (None if absent or
-  not this format)."""
+  """The run's spectra.json, read back without models.
+
+  Args:
+    path: the run directory.
+
+  Returns:
+    {'global': {int round: ndarray}, 'local': [...]}; None if absent or not this format.
+  """
   return read_measures(study.read_json(os.path.join(path, FILE)))
 
 
 def read_measures(data: Any) -> Optional[dict]:
-  """`compute`'s JSON form as arrays keyed by int rounds (None if not this format)."""
+  """`compute`'s JSON form as arrays keyed by int rounds.
+
+  Args:
+    data: the parsed JSON (any value).
+
+  Returns:
+    As `read`'s; None when `data` is not this version's format.
+  """
   if not isinstance(data, dict) or data.get('version') != VERSION:
     return None
   return {'global': {int(r): np.asarray(v, dtype=np.float64)

@@ -251,14 +251,10 @@ def make_plan(grid: Mapping[str, Sequence[str]]) -> Plan:
     for reg in regs:
       used = {generic['algorithm'], generic['partition'], generic['aggregator'], reg,
               *config_lib.FIXED_COMPONENTS.values()}
-      cell_flags, not_applied = {}, []
-      for k, v in {**combo, 'regularizer': reg}.items():
-        if k in component_of and component_of[k] not in used:
-          not_applied.append(f'--{k}={v}')
-          dropped.setdefault(k, set()).add(component_of[k])
-        else:
-          cell_flags[k] = v
-          applied.add(k)
+      cell_flags, left_out = _cell_flags({**combo, 'regularizer': reg}, used, component_of)
+      applied.update(cell_flags)
+      for k in left_out:
+        dropped.setdefault(k, set()).add(component_of[k])
       try:
         configs = cli.resolve_configs(_parse(cell_flags))
       except (flags.Error, ValueError, KeyError) as e:
@@ -275,13 +271,30 @@ def make_plan(grid: Mapping[str, Sequence[str]]) -> Plan:
         continue
       names.add(name)
       cells.append(Cell(name=name, flags=cell_flags, rounds=int(c.rounds),
-                        not_applied=not_applied, config=c))
+                        not_applied=[f'--{k}={v}' for k, v in left_out.items()], config=c))
   for k in grid:
     if k in component_of and k not in applied:
       # Given for a component no run uses: a mistake (a typo in --algorithm, a missing value),
       # as bin/train says for one run; never silently dropped from the whole study.
       errors.append(f'--{k}: sets {component_of[k]}, which no run of this grid uses; drop it or '
                     f'add {component_of[k]} to the grid.')
+  return Plan(grid=dict(grid), cells=cells, errors=errors,
+              notes=_plan_notes(dropped, cells, duplicates))
+
+
+def _cell_flags(flags_of_cell: Mapping[str, str], used: set, component_of: Mapping[str, str]):
+  """({flag: value} the cell's run uses, {flag: value} of component settings it does not use)."""
+  cell_flags, left_out = {}, {}
+  for k, v in flags_of_cell.items():
+    if k in component_of and component_of[k] not in used:
+      left_out[k] = v
+    else:
+      cell_flags[k] = v
+  return cell_flags, left_out
+
+
+def _plan_notes(dropped: Mapping[str, set], cells: Sequence[Cell], duplicates: int) -> List[str]:
+  """The plan's notes: settings given only to the cells they apply to, and runs planned once."""
   notes = []
   for k, components in dropped.items():
     users = sum(1 for c in cells if k in c.flags)
@@ -290,7 +303,7 @@ def make_plan(grid: Mapping[str, Sequence[str]]) -> Plan:
   if duplicates:
     notes.append(f'{duplicates} grid combination(s) are the same run as another once settings '
                  'that do not apply are left out; each run is planned once.')
-  return Plan(grid=dict(grid), cells=cells, errors=errors, notes=notes)
+  return notes
 
 
 # ---- the state of a cell on disk ----
@@ -437,6 +450,7 @@ class Runner:
     SIGTERM.
   """
 
+  # Seven parameters: the study's two inputs, then five independent run options with defaults.
   def __init__(self, study_dir: str, plan: Plan, jobs: int = 1, command: Sequence[str] = (),
                log: Callable[[str], None] = print, python: str = sys.executable,
                poll_seconds: float = 0.5):
