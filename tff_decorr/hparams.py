@@ -20,6 +20,7 @@ import math
 from typing import Any, ClassVar, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Type
 
 
+# Nine parameters: a setting's declaration, as dataclasses.field's; all but two keyword-only.
 def field(default: Any, help: str, *, minimum: Optional[float] = None,  # pylint: disable=redefined-builtin
           maximum: Optional[float] = None, min_exclusive: bool = False,
           max_exclusive: bool = False, choices: Optional[Sequence[str]] = None,
