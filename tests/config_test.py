@@ -49,6 +49,11 @@ GOLDEN = [
           feddecorr_beta=0.2), ['cifar10-fedprox-feddecorr-106e084f']),
     (dict(task='digits', algorithm='moon', regularizer='none', precision='mixed_bfloat16'),
      ['digits-moon-none-b83cc7c2']),
+    # Printed by 0.3.0 (commit 828281f), when the client optimiser's settings were generic ones.
+    (dict(task='digits', client_lr=0.05, momentum=0.5, weight_decay=0.0, regularizer='none'),
+     ['digits-fedavg-none-ed5891cc']),
+    (dict(task='cifar100', algorithm='fedprox', client_lr=0.1, regularizer='feddecorr'),
+     ['cifar100-fedprox-feddecorr-14751551']),
 ]
 
 # config.json as 0.2.0 wrote it (commit 4490e2c, `config.make(task='digits', algorithm='fedprox',
@@ -64,6 +69,14 @@ CONFIG_0_2_0 = {
     'partition': 'dirichlet', 'projection_dim': 0, 'regularizer': 'feddecorr', 'rounds': 2,
     'runtime': 'tff', 'seed': 0, 'task': 'digits', 'track_collapse': False,
     'weight_decay': 1e-05, 'workers': ''}
+
+# config.json as 0.3.0 wrote it (commit 828281f, `config.make(task='digits', algorithm='fedprox',
+# regularizer='feddecorr', client_lr=0.05, momentum=0.5, weight_decay=0.0, num_clients=4,
+# rounds=2).to_dict()`): the client optimiser's settings at top level.
+CONFIG_0_3_0 = {
+    **CONFIG_0_2_0, 'client_lr': 0.05, 'momentum': 0.5, 'weight_decay': 0.0,
+    'precision': 'float32', 'runtime': 'tf',
+    'hparams': {**CONFIG_0_2_0['hparams'], 'fedprox': {'mu': 0.001}}}
 
 # A config.json written at commit 7dc4b1f (flat: every setting at top level), which 0.2.0 migrated
 # and 0.3.0 refuses.
@@ -102,6 +115,40 @@ class ConfigTest(absltest.TestCase):
     # The same configuration: the caller resumes it from its checkpoint.
     self.assertTrue(run_dir.prepare(out, new.to_dict(), migrate=config.migrate_dict))
     run_dir.unlock(out)
+
+  def test_a_0_3_0_run_directory_resumes_with_its_client_optimizer(self):
+    old = config.from_dict(CONFIG_0_3_0)
+    self.assertEqual(old.client_optimizer.to_dict(),
+                     {'lr': 0.05, 'momentum': 0.5, 'weight_decay': 0.0})
+    self.assertIs(old.client_optimizer, old.hparams['sgd'])
+    self.assertNotIn('client_lr', old.to_dict())
+    command = dict(task='digits', algorithm='fedprox', regularizer='feddecorr', num_clients=4,
+                   rounds=2, local_epochs=5, runtime='tf', momentum=0.5, weight_decay=0.0)
+    (new,) = resolve(client_lr=0.05, **command)
+    (other,) = resolve(client_lr=0.02, **command)
+    self.assertEqual(old.hparams, new.hparams)
+    self.assertEqual(run_dir.differences(config.migrate_dict(CONFIG_0_3_0), new.to_dict()), [])
+    self.assertEqual(run_dir.differences(config.migrate_dict(CONFIG_0_3_0), other.to_dict()),
+                     ['hparams.sgd.lr'])
+    out = self.create_tempdir().full_path
+    run_dir.write_config(out, CONFIG_0_3_0)
+    self.assertTrue(run_dir.prepare(out, new.to_dict(), migrate=config.migrate_dict))
+    run_dir.unlock(out)
+    # The refusal names the flag the user typed, not the component's place in config.json.
+    with self.assertRaisesRegex(run_dir.RunDirError, r'\(--client_lr: 0\.05 -> 0\.02\)'):
+      run_dir.prepare(out, other.to_dict(), migrate=config.migrate_dict)
+    run_dir.unlock(out)
+
+  def test_a_task_default_sets_the_client_optimizer_by_its_flag_name(self):
+    from tff_decorr.tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+    task = task_registry.get('cifar100')
+    self.assertEqual(task.defaults['weight_decay'], 1e-4)
+    (c,) = resolve(task='cifar100', regularizer='none')
+    self.assertEqual(c.client_optimizer.weight_decay, 1e-4)  # The task's, not the field's 1e-5.
+    (given,) = resolve(task='cifar100', regularizer='none', weight_decay=0.0)
+    self.assertEqual(given.client_optimizer.weight_decay, 0.0)  # The flag's, over the task's.
+    self.assertEqual(config.make(task='cifar100', weight_decay=0.0).client_optimizer,
+                     given.client_optimizer)
 
   def test_a_flat_config_json_is_refused_with_what_to_do(self):
     with self.assertRaisesRegex(config.OldConfigError, 'before tff_decorr 0.2.0'):
@@ -179,7 +226,7 @@ class ConfigTest(absltest.TestCase):
     self.assertNotEqual(ref.output_dir, ema.output_dir)
     for other in (new, ref):
       differences = run_dir.differences(config.migrate_dict(written), other.to_dict())
-      self.assertEqual(differences, ['hparams'])  # Only the fedavgm settings differ (bn).
+      self.assertEqual(differences, ['hparams.fedavgm.bn'])
 
   def test_fedexp_config_json_from_before_its_evaluated_model_resumes_only_as_written(self):
     # Written before --fedexp_evaluate existed: the last iterate was evaluated. The old command
@@ -192,7 +239,8 @@ class ConfigTest(absltest.TestCase):
     (new,) = resolve(task='digits', algorithm='fedexp', regularizer='none')
     self.assertEqual(new.hparams['fedexp'].evaluate, 'average_last_two')
     self.assertEqual(new.output_dir, last.output_dir)
-    self.assertEqual(run_dir.differences(config.migrate_dict(written), new.to_dict()), ['hparams'])
+    self.assertEqual(run_dir.differences(config.migrate_dict(written), new.to_dict()),
+                     ['hparams.fedexp.evaluate'])
 
   def test_fedexp_evaluate_refuses_an_unknown_model(self):
     with self.assertRaisesRegex(ValueError, "--fedexp_evaluate: choose one of average_last_two, "

@@ -25,14 +25,6 @@ MAX_PARAMS = 6
 # 'path:function' -> why it may be longer than MAX_LINES.
 ALLOWED_LONG = {}
 
-# Files being refactored on other branches at the same time: left out until those branches are
-# merged, after which this list is emptied (and their functions meet the rules above).
-NOT_YET_CHECKED = (
-    'tff_decorr/algorithms/client_update.py',
-    'tff_decorr/configs/',
-    'tff_decorr/hparams.py',
-)
-
 # The reason comment: '# <count> parameters: <why>'.
 _REASON = re.compile(r'^\s*#\s*\w+ parameters: \S')
 
@@ -143,16 +135,14 @@ class LibraryTest(absltest.TestCase):
   def test_library_functions_are_small(self):
     found = []
     for path in _library_files():
-      if path.startswith(NOT_YET_CHECKED):
-        continue
       with open(os.path.join(testutil.REPO_ROOT, path)) as f:
         found += oversized(f.read(), path)
     self.assertEqual(found, [], 'split these functions or group their parameters (a frozen '
                      'dataclass), or give the reason in a comment above the def:\n'
                      + '\n'.join(found))
 
-  def test_allowed_and_excluded_entries_exist(self):
-    for path in [*NOT_YET_CHECKED, *(k.split(':')[0] for k in ALLOWED_LONG)]:
+  def test_allowed_entries_exist(self):
+    for path in [k.split(':')[0] for k in ALLOWED_LONG]:
       self.assertTrue(os.path.exists(os.path.join(testutil.REPO_ROOT, path)),
                       f'{path}: no such file; drop it from this test\'s lists.')
     self.assertTrue(all(ALLOWED_LONG.values()), 'every ALLOWED_LONG entry says why')

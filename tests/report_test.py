@@ -228,8 +228,9 @@ class ReportTest(testutil.ClassTempDir, absltest.TestCase):
       self.assertNotEmpty(events['session_start'], name)
       values = {k: testutil.hparam_value(v)
                 for k, v in events['session_start'][0].hparams.items()}
-      for key in ('regularizer', 'seed', 'algorithm', 'client_lr', 'num_clients'):
+      for key in ('regularizer', 'seed', 'algorithm', 'num_clients'):
         self.assertEqual(values[key], config[key], (name, key))
+      self.assertAlmostEqual(values['client_lr'], config['hparams']['sgd']['lr'])
       if config['regularizer'] == 'feddecorr':
         self.assertAlmostEqual(values['feddecorr_beta'], config['hparams']['feddecorr']['beta'])
       self.assertAlmostEqual(values['dirichlet_alpha'], config['hparams']['dirichlet']['alpha'])

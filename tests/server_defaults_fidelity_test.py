@@ -41,8 +41,9 @@ class ConfirmTest(absltest.TestCase):
       for field in vars(expected):
         self.assertEqual(getattr(got, field), getattr(expected, field), (name, field))
       self.assertEqual((config.task, config.model, config.num_clients, config.clients_per_round,
-                        config.rounds, config.local_epochs, config.batch_size, config.client_lr,
-                        config.momentum, config.regularizer),
+                        config.rounds, config.local_epochs, config.batch_size,
+                        config.client_optimizer.lr, config.client_optimizer.momentum,
+                        config.regularizer),
                        ('cifar10', 'resnet20', 10, 10, 10, 1, 64, 0.01, 0.9, 'none'))
       self.assertEqual(config.hparams['dirichlet'].alpha, 0.05)
       self.assertTrue(config.output_dir.endswith('s0'))

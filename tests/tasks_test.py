@@ -57,6 +57,9 @@ class RegistryTest(absltest.TestCase):
     settings = {f'{name}.{f.name}' for kind in config.KINDS
                 for name in config.registry(kind).names()
                 for f in dataclasses.fields(config.registry(kind).hparams_class(name))}
+    # The client optimiser's are named by their flags (client_lr), as before they were settings.
+    settings |= {spec.name for kind, _, spec in config.component_flag_specs()
+                 if kind == 'client_optimizer'}
     for name in registry.names():
       task = registry.get(name)
       self.assertEqual(task.name, name)
@@ -78,7 +81,11 @@ class RegistryTest(absltest.TestCase):
 
 
 def _setting(config, key):
-  """A generic field ('rounds') or a component setting ('dirichlet.alpha') of a Config."""
+  """A generic field ('rounds'), a component setting ('dirichlet.alpha') or a client optimiser's
+  setting by its flag ('client_lr') of a Config."""
+  optimizer = {'client_lr': 'lr', 'momentum': 'momentum', 'weight_decay': 'weight_decay'}
+  if key in optimizer:
+    return getattr(config.client_optimizer, optimizer[key])
   if '.' in key:
     component, field = key.split('.')
     return getattr(config.hparams[component], field)

@@ -20,6 +20,7 @@ import math
 from typing import Any, ClassVar, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Type
 
 
+# Nine parameters: a setting's declaration, as dataclasses.field's; all but two keyword-only.
 def field(default: Any, help: str, *, minimum: Optional[float] = None,  # pylint: disable=redefined-builtin
           maximum: Optional[float] = None, min_exclusive: bool = False,
           max_exclusive: bool = False, choices: Optional[Sequence[str]] = None,
@@ -72,6 +73,9 @@ class HParams:
   """
 
   component: ClassVar[str] = ''
+  # The flags' prefix when it is not `component` ('': each flag is named by its field, as the
+  # client optimiser's --client_lr, --momentum and --weight_decay are).
+  flag_prefix: ClassVar[Optional[str]] = None
 
   def __post_init__(self):
     for f in dataclasses.fields(self):
@@ -79,11 +83,12 @@ class HParams:
 
   @classmethod
   def flag_name(cls, name: str) -> str:
-    """`<component>_<field>` (or the field's `flag` suffix); a class without a component (the
-    client optimiser's settings, generic flags) is named by the field or its `flag`."""
+    """`<prefix>_<field>` (or the field's `flag` suffix), the prefix being `flag_prefix` or else
+    `component`; without a prefix (the client optimiser's settings) the field or its `flag`."""
     f = {f.name: f for f in dataclasses.fields(cls)}[name]
     suffix = f.metadata.get('flag') or f.name
-    return f'{cls.component}_{suffix}' if cls.component else suffix
+    prefix = cls.component if cls.flag_prefix is None else cls.flag_prefix
+    return f'{prefix}_{suffix}' if prefix else suffix
 
   @classmethod
   def from_mapping(cls, values: Mapping[str, Any]) -> 'HParams':

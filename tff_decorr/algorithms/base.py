@@ -264,12 +264,11 @@ class Algorithm:
     return {}
 
   # ---- helpers ----
-  # Seven parameters: local_train's optional hooks, each passed by name by the algorithm using it.
-  def _train(self, ws, start_weights, dataset, extra_loss=None, grad_correction=None,
-             logit_adjustment=None, sam_rho=0.0):
+  def _train(self, ws, start_weights, dataset, **hooks):
+    """Local training with the run's optimiser and regulariser; `hooks`: client_update.LocalHooks'
+    fields (extra_loss, grad_correction, logit_adjustment, sam_rho)."""
     return client_update.local_train(ws, start_weights, dataset, self.config, self.regularizer,
-                                     extra_loss=extra_loss, grad_correction=grad_correction,
-                                     logit_adjustment=logit_adjustment, sam_rho=sam_rho)
+                                     client_update.LocalHooks(**hooks))
 
 
 def weighted(values, weight):

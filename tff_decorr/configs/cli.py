@@ -146,9 +146,9 @@ def os_error_message(e: OSError) -> str:
 def exit_without_finalising(code: int) -> None:
   """Ends a binary that has finished its work at once: runs the exit handlers (worker stop, log
   flushing, the stderr filter's drain) and flushes output, then skips the interpreter's teardown
-  of TensorFlow and TFF, which took 1.5-6 s after every bin/train run here (C++ and module
-  destructors, `bench.speed.run_phases`; nothing left to write: every file of a run is written,
-  flushed and closed by then). Only for a process's main, never from library code."""
+  of TensorFlow and TFF, C++ and module destructors that cost seconds (docs/benchmarks.md §3) and
+  have nothing left to write: every file of a run is written, flushed and closed by then. Only for
+  a process's main, never from library code."""
   import atexit  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   for stream in (sys.stdout, sys.stderr):
@@ -248,7 +248,7 @@ def define_train_flags(fv) -> list:
   flags.DEFINE_integer('local_epochs', None, f'Local epochs per round ({_T}).', **d)
   flags.DEFINE_integer('batch_size', None, f'Client batch size ({_T}).', **d)
   # The client optimiser's flags (--client_lr, --momentum, --weight_decay) from its one
-  # declaration, algorithms.ClientConfig.
+  # declaration, algorithms.ClientConfig (the run's 'sgd' component).
   for spec in table['client']:
     flags.DEFINE_float(spec['name'], None, f'{spec["help"].rstrip(".")} ({_T}).', **d)
   flags.DEFINE_integer('seed', 0, 'Seed of partition, initial model, sampling and augmentation.',

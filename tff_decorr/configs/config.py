@@ -1,13 +1,14 @@
 """A run's configuration: generic settings plus the settings of its chosen components.
 
-`Config` holds what every run has (task, model, clients, rounds, the client optimiser, seed,
-runtime, paths). The chosen algorithm, regulariser, partition and aggregator each own their
-settings, declared once as a frozen dataclass in their module (tff_decorr.hparams);
-`Config.hparams` holds the chosen components' complete, validated settings by component name, as
-those typed objects (`FedProx.HParams(mu=0.001)`, `Dirichlet.HParams(alpha=0.5)`, ...); config.json
-holds their plain form, e.g. `{'fedprox': {'mu': 0.001}, 'dirichlet': {'alpha': 0.5}, 'mean': {}}`.
-The client optimiser is a typed object as well (`Config.client_optimizer`, an
-`algorithms.ClientConfig`) built from the generic `client_lr`, `momentum` and `weight_decay`.
+`Config` holds what every run has (task, model, clients, rounds, seed, runtime, paths). The chosen
+algorithm, regulariser, partition and aggregator, and the client optimiser every run has (the
+reference's SGD, 'sgd'), each own their settings, declared once as a frozen dataclass in their
+module (tff_decorr.hparams); `Config.hparams` holds the run's components' complete, validated
+settings by component name, as those typed objects (`FedProx.HParams(mu=0.001)`,
+`ClientConfig(lr=0.01, ...)`, ...); config.json holds their plain form, e.g.
+`{'fedprox': {'mu': 0.001}, 'dirichlet': {'alpha': 0.5}, 'mean': {}, 'sgd': {'lr': 0.01, ...}}`.
+The client optimiser's flags keep the names they had as generic settings (`--client_lr`,
+`--momentum`, `--weight_decay`), and so do the keys of a task's defaults that set them.
 
 Resolution is explicit > the task's paper defaults (keyed `'<component>.<field>'`) > the
 component's own defaults. From flags (tff_decorr/configs/cli.py: resolve_configs) it is steps 2 to
@@ -35,14 +36,14 @@ RUNTIMES = ('tff', 'tf')
 RUNTIME_CHOICES = ('auto',) + RUNTIMES  # 'auto': resolved by choose_runtime, never stored
 
 # The component settings that had flat keys of their own before components declared their settings
-# (0.1): `directory_hash` hashes them under those keys (each flat key below, filled from one of its
-# components), so a default run directory keeps its name. Every other setting is hashed as
-# '<component>_<field>'.
+# (0.1; the client optimiser's until 0.3.0): `directory_hash` hashes them under those keys (each
+# flat key, filled from one of its components), so a default run directory keeps its name. Every
+# other setting is hashed as '<component>_<field>'.
 _FLAT_KEYED = frozenset({
     'fedprox.mu', 'moon.mu', 'moon.temperature', 'fedavgm.server_lr', 'scaffold.server_lr',
     'fedavgm.server_momentum', 'fedavg_decomposed.coefficient_period', 'feddecorr.beta',
     'decov.beta', 'dirichlet.alpha', 'pathological.classes_per_client', 'fedavgm.form',
-    'feduv.lam', 'feduv.mu'})
+    'feduv.lam', 'feduv.mu', 'sgd.lr', 'sgd.momentum', 'sgd.weight_decay'})
 
 # Keys that may differ when a run is resumed: where things are, how they are executed or shown,
 # and how long to go on. Everything else changes the result, so a mismatch is refused (run_dir's
@@ -73,9 +74,6 @@ class Config:
     rounds: the rounds to train.
     local_epochs: passes over its data a client makes each round.
     batch_size: the clients' batch size.
-    client_lr: the client SGD's learning rate.
-    momentum: the client SGD's momentum.
-    weight_decay: the client SGD's coupled L2 decay.
     seed: the run's seed (partition, sampling, data order, initialisation).
     projection_dim: width of a projection head (MOON), 0 for none.
     decomposed: filter-decomposed convolutions.
@@ -91,7 +89,8 @@ class Config:
     workers: remote TFF workers (host:port, comma-separated), '' for a local one.
     max_concurrent_computation_calls: the TFF worker's limit (-1: none).
     track_collapse: measure the global model's spectrum during training.
-    hparams: {component name: its HParams, or a plain {field: value} mapping}.
+    hparams: {component name: its HParams, or a plain {field: value} mapping}; the client
+      optimiser's under 'sgd' (`client_optimizer`).
 
   Raises:
     ValueError: a component setting in `hparams` out of its range or unknown (naming its flag).
@@ -107,9 +106,6 @@ class Config:
   rounds: int = 10
   local_epochs: int = 1
   batch_size: int = 64
-  client_lr: float = 0.01
-  momentum: float = 0.9
-  weight_decay: float = 1e-5
   seed: int = 0
   projection_dim: int = 0
   decomposed: bool = False
@@ -136,32 +132,32 @@ class Config:
 
   def __post_init__(self):
     self.hparams = dict(self.hparams)
-    for kind in KINDS:
-      name = getattr(self, kind)
+    for kind, name in self.components().items():
       value = self.hparams.get(name)
-      if isinstance(value, Mapping) and name in registry(kind).names():  # (registry: lazily)
-        self.hparams[name] = registry(kind).hparams_class(name).from_mapping(value)
+      if isinstance(value, Mapping) and _known_component(kind, name):  # (registry: lazily)
+        self.hparams[name] = hparams_class(kind, name).from_mapping(value)
 
   def to_dict(self) -> dict:
     """The plain form config.json holds (each HParams as {field: value})."""
     return dataclasses.asdict(self)
 
+  def components(self) -> Dict[str, str]:
+    """{kind: component name} of the run's components, the client optimiser's included."""
+    return {**{kind: getattr(self, kind) for kind in KINDS}, **FIXED_COMPONENTS}
+
   def component_hparams(self, kind: str) -> 'HParams':
-    """The HParams of the run's 'algorithm', 'regularizer', 'partition' or 'aggregator' (its
-    defaults when the Config holds none for it)."""
-    name = getattr(self, kind)
+    """The HParams of the run's 'algorithm', 'regularizer', 'partition', 'aggregator' or
+    'client_optimizer' (its defaults when the Config holds none for it)."""
+    name = self.components()[kind]
     value = self.hparams.get(name)
     if value is None or isinstance(value, Mapping):
-      return registry(kind).hparams_class(name).from_mapping(value or {})
+      return hparams_class(kind, name).from_mapping(value or {})
     return value
 
   @property
   def client_optimizer(self) -> 'ClientConfig':
-    """The client optimiser (the reference's SGD), validated: errors name --client_lr,
-    --momentum or --weight_decay."""
-    from tff_decorr.algorithms import client_update  # pylint: disable=g-import-not-at-top
-    return client_update.ClientConfig(lr=self.client_lr, momentum=self.momentum,
-                                      weight_decay=self.weight_decay)
+    """The client optimiser's settings (the reference's SGD), `hparams['sgd']`."""
+    return self.component_hparams('client_optimizer')
 
 
 def registry(kind: str):
@@ -182,19 +178,37 @@ def registry(kind: str):
   raise ValueError(f'unknown component kind {kind!r}.')
 
 
+def hparams_class(kind: str, name: str) -> type:
+  """The HParams class of component `name` of `kind` (KINDS, or 'client_optimizer')."""
+  if kind == 'client_optimizer':
+    # Imported here: client_update imports TensorFlow, and config must stay cheap to import.
+    from tff_decorr.algorithms import client_update  # pylint: disable=g-import-not-at-top
+    return client_update.ClientConfig
+  return registry(kind).hparams_class(name)
+
+
+def _known_component(kind: str, name: str) -> bool:
+  return FIXED_COMPONENTS.get(kind) == name or (kind in KINDS and name in registry(kind).names())
+
+
 def _models():
   from tff_decorr import models  # pylint: disable=g-import-not-at-top
   return models
 
 
 KINDS = ('algorithm', 'regularizer', 'partition', 'aggregator')
+# Kinds no flag chooses, each with the one component every run has: {kind: component name}.
+FIXED_COMPONENTS = {'client_optimizer': 'sgd'}
+# The client optimiser's settings as 0.2.0 and 0.3.0 wrote them, generic: {key: its field}.
+_FLAT_CLIENT_OPTIMIZER = {'client_lr': 'lr', 'momentum': 'momentum',
+                          'weight_decay': 'weight_decay'}
 # Kinds added after runs were first written: a config.json without one means its default.
 _LATER_KINDS = {'aggregator': 'mean'}
 # Component settings added after runs were first written, with the value those runs used: a
 # config.json without one means that value, and at that value it stays out of directory names.
 _LATER_FIELDS = {'fedavgm.bn': 'ema', 'fedexp.evaluate': 'last'}
 # Values of a component setting that stay out of directory names: the value runs had before the
-# setting existed, and a default changed later (fedavgm.bn: 'ema' before 4f05243, 'average' since;
+# setting existed, and a default changed later (fedavgm.bn: 'ema' at first, 'average' since;
 # fedexp.evaluate: the last iterate before the setting existed, the average of the last two since).
 # An old command then finds its old run, and config comparison refuses to resume it under the new
 # default with a message naming the setting (as for `init`); --fedavgm_bn=ema resumes it.
@@ -203,13 +217,16 @@ _NAME_NEUTRAL_VALUES = {'fedavgm.bn': ('ema', 'average'),
 
 
 def component_flag_specs():
-  """(kind, component, hparams.FlagSpec) for every setting of every registered component: what
-  bin/train defines as flags and what `make` accepts as keywords."""
+  """(kind, component, hparams.FlagSpec) for every setting of every registered component and of
+  the client optimiser: what bin/train defines as flags and what `make` accepts as keywords."""
   from tff_decorr import hparams  # pylint: disable=g-import-not-at-top
   for kind in KINDS:
     for name in registry(kind).names():
       for spec in hparams.flag_specs(registry(kind).hparams_class(name)):
         yield kind, name, spec
+  for kind, name in FIXED_COMPONENTS.items():
+    for spec in hparams.flag_specs(hparams_class(kind, name)):
+      yield kind, name, spec
 
 
 GENERIC_FIELDS = tuple(f.name for f in dataclasses.fields(Config) if f.name != 'hparams')
@@ -236,6 +253,7 @@ def validate(c: Config) -> None:
     names = registry(kind).names()
     if getattr(c, kind) not in names:
       bad(kind, f'unknown {kind} {getattr(c, kind)!r}; choose one of {", ".join(names)}.')
+  for kind in c.components():
     c.component_hparams(kind)  # Validates the component's settings (errors name their flags).
   if c.runtime not in RUNTIME_CHOICES:
     bad('runtime', f'unknown runtime {c.runtime!r}; choose auto (tf, or tff where only it '
@@ -248,7 +266,6 @@ def validate(c: Config) -> None:
   if c.clients_per_round > c.num_clients:
     bad('clients_per_round', f'{c.clients_per_round} is more than --num_clients='
         f'{c.num_clients}; sample at most every client.')
-  c.client_optimizer  # pylint: disable=pointless-statement  (validates: errors name the flags)
   if c.export_every < 0:
     bad('export_every', f'must be >= 0, got {c.export_every}.')
   if not 0 <= int(c.seed) < 2 ** 32:
@@ -277,10 +294,9 @@ def choose_runtime(requested: str, workers: str = '',
                    aggregator: str = 'mean') -> Tuple[str, str]:
   """(runtime, why) for `--runtime=requested`. 'auto' is the in-process runtime ('tf') for the
   plain mean: on a GPU (TFF 0.87's worker_binary is CPU-only), and on a CPU, where it trains one
-  client per core at once and a whole run at the fidelity setting took 0.87x the time of TFF's
-  runtime (249 against 287 s, `bench.speed.run_phases --settings=fidelity --runtime=tf|tff`,
-  docs/benchmarks.md §2); no worker process is started. Settings only TFF's runtime
-  executes (--workers, a tff.aggregators factory) make 'auto' choose 'tff', GPU or not."""
+  client per core at once and a whole run is faster than under TFF's runtime (docs/benchmarks.md
+  §2); no worker process is started. Settings only TFF's runtime executes (--workers, a
+  tff.aggregators factory) make 'auto' choose 'tff', GPU or not."""
   if requested != 'auto':
     return requested, f'--runtime={requested}'
   if workers:
@@ -382,7 +398,8 @@ def _resolve(task, generic, components, regularizers) -> Resolution:
     for field, value in fields.items():
       if value is not None:
         explicit.setdefault(component, {})[field] = value
-  chosen_all = {values['algorithm'], values['partition'], values['aggregator'], *regularizers}
+  chosen_all = {values['algorithm'], values['partition'], values['aggregator'], *regularizers,
+                *FIXED_COMPONENTS.values()}
   for component in components:
     if component not in chosen_all and any(v is not None for v in components[component].values()):
       given = ', '.join(f'--{_flag(component, f)}' for f, v in components[component].items()
@@ -393,9 +410,10 @@ def _resolve(task, generic, components, regularizers) -> Resolution:
                        f'{values["aggregator"]}); drop it or choose {component}.')
   settings = []
   for reg in regularizers:
-    chosen = {kind: reg if kind == 'regularizer' else values[kind] for kind in KINDS}
+    chosen = {**{kind: reg if kind == 'regularizer' else values[kind] for kind in KINDS},
+              **FIXED_COMPONENTS}
     settings.append({name: _component_settings(kind, name, explicit, defaults)
-                     for kind, name in chosen.items() if name in registry(kind).names()})
+                     for kind, name in chosen.items() if _known_component(kind, name)})
   return Resolution(task=task, values=values, regularizers=list(regularizers), settings=settings)
 
 
@@ -441,12 +459,18 @@ def _flag(component: str, field: str) -> str:
 
 
 def _component_settings(kind, name, explicit, task_defaults) -> Dict[str, Any]:
-  """Explicit > task default ('<name>.<field>') > the component's own default, as {field: value}
-  (the Config validates it when it is made)."""
-  cls = registry(kind).hparams_class(name)
+  """Explicit > task default > the component's own default, as {field: value} (the Config
+  validates it when it is made). A task's default is keyed '<name>.<field>', or, for a setting
+  whose flag has no component prefix (the client optimiser's), by its flag ('client_lr')."""
+  cls = hparams_class(kind, name)
   given = explicit.get(name, {})
-  return {f.name: given.get(f.name, task_defaults.get(f'{name}.{f.name}', f.default))
-          for f in dataclasses.fields(cls)}
+
+  def task_default(f):
+    if cls.flag_prefix == '':
+      return task_defaults.get(f'{name}.{f.name}', task_defaults.get(cls.flag_name(f.name),
+                                                                     f.default))
+    return task_defaults.get(f'{name}.{f.name}', f.default)
+  return {f.name: given.get(f.name, task_default(f)) for f in dataclasses.fields(cls)}
 
 
 class OldConfigError(ValueError):
@@ -488,17 +512,26 @@ def _known(d: Mapping[str, Any]) -> dict:
 
 def migrate_dict(d: Mapping[str, Any]) -> dict:
   """config.json's contents completed to today's form: a setting added since the file was written
-  gets the value its run used (e.g. the aggregator, which was the plain mean). Raises
-  OldConfigError for the flat form of before 0.2.0 (no `hparams`)."""
+  gets the value its run used (e.g. the aggregator, which was the plain mean), and the client
+  optimiser's generic keys of 0.2.0 and 0.3.0 (`client_lr`, ...) move into `hparams['sgd']`.
+  Raises OldConfigError for the flat form of before 0.2.0 (no `hparams`)."""
   if 'hparams' not in d:
     raise OldConfigError(_FLAT_FORM)
-  return _add_later_kinds(_add_later_generic(dict(d)))
+  return _add_later_kinds(_nest_client_optimizer(_add_later_generic(dict(d))))
+
+
+def _nest_client_optimizer(d: dict) -> dict:
+  # 0.2.0 and 0.3.0 wrote the client optimiser's settings as generic ones (client_lr, ...).
+  flat = {field: d.pop(key) for key, field in _FLAT_CLIENT_OPTIMIZER.items() if key in d}
+  if flat:
+    d['hparams'] = {**d['hparams'], FIXED_COMPONENTS['client_optimizer']: flat}
+  return d
 
 
 def _add_later_generic(d: dict) -> dict:
   # Runs written before `init` existed built every model with Keras' initialisation: resuming one
   # with today's default (the model's reference initialisation) is refused as a different
-  # configuration, never mixed into it silently (c8b6f6d).
+  # configuration, never mixed into it silently.
   d.setdefault('init', 'keras')
   d.setdefault('precision', 'float32')  # Runs written before `precision` computed in float32.
   return d
@@ -545,6 +578,8 @@ def directory_hash(config: Config, task) -> str:
     return defaults.get(f'{component}.{field}', fallback)
 
   flat = {k: v for k, v in config.to_dict().items() if k != 'hparams'}
+  optimizer = config.client_optimizer.to_dict()
+  flat.update({key: optimizer[field] for key, field in _FLAT_CLIENT_OPTIMIZER.items()})
   # `init` came later: its default for the model keeps the name (a run written before, with Keras'
   # initialisation, is then refused by config comparison, see _add_later_generic); another value is hashed.
   if config.model in _models().names() and flat['init'] == _models().default_init(config.model):

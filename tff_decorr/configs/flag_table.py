@@ -2,7 +2,8 @@
 
 The flags are generated from the registries (tasks, models, algorithms, regularisers, partitions,
 aggregators) and the settings each component declares (tff_decorr.hparams), and those registries
-import TensorFlow, about 10 s here before a program could answer `--help` or a mistyped flag.
+import TensorFlow, seconds before a program could answer `--help` or a mistyped flag
+(docs/benchmarks.md §3).
 flag_table.json, beside this file, is that information as data, generated from the registries and
 never edited by hand (`python -m tff_decorr.configs.flag_table` rewrites it); the declarations
 stay where they are. tests/flag_table_test.py fails while the file differs from the registries.
@@ -38,8 +39,6 @@ def _spec(spec) -> Dict[str, Any]:
 
 def build() -> Dict[str, Any]:
   """The table from the live registries (imports them, and with them TensorFlow)."""
-  from tff_decorr import algorithms  # pylint: disable=g-import-not-at-top
-  from tff_decorr import hparams  # pylint: disable=g-import-not-at-top
   from tff_decorr import models  # pylint: disable=g-import-not-at-top
   from tff_decorr.configs import config  # pylint: disable=g-import-not-at-top
   from tff_decorr.tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
@@ -48,9 +47,11 @@ def build() -> Dict[str, Any]:
                 **{kind: list(config.registry(kind).names()) for kind in config.KINDS}},
       'inits': list(models.INITS),
       'precisions': list(models.PRECISIONS),
-      'client': [_spec(s) for s in hparams.flag_specs(algorithms.ClientConfig)],
+      # The client optimiser's flags sit among the generic ones (cli.define_train_flags).
+      'client': [_spec(spec) for kind, _, spec in config.component_flag_specs()
+                 if kind == 'client_optimizer'],
       'components': [dict(_spec(spec), of=[kind, name])
-                     for kind, name, spec in config.component_flag_specs()],
+                     for kind, name, spec in config.component_flag_specs() if kind in config.KINDS],
   }
 
 

@@ -27,6 +27,7 @@ import time
 from typing import Any, Mapping
 
 # Which configuration keys a resumed run may change: the configuration's rule (configs/config).
+from tff_decorr.configs import config as config_lib
 from tff_decorr.configs.config import OldConfigError, RESUMABLE_KEYS
 
 LOCK_FILE = '.lock'
@@ -134,8 +135,7 @@ longer reads: refused with its message, or moved aside with `overwrite`.
     if old is None:
       raise RunDirError(f'--output_dir={output_dir} is not empty and holds no tff_decorr run; '
                         'use an empty or new directory, or pass --overwrite to move it aside.')
-    diff = ', '.join(f'--{k}: {old.get(k)!r} -> {config.get(k)!r}'
-                     for k in differences(old, config))
+    diff = ', '.join(_describe(k, old, config) for k in differences(old, config))
     raise RunDirError(f'--output_dir={output_dir} holds a run with a different configuration '
                       f'({diff}); use another --output_dir, or pass --overwrite to move the old '
                       'run aside.')
@@ -295,8 +295,39 @@ def clean_leftovers(output_dir: str, log=print) -> list:
 
 
 def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+  """The keys whose values differ, a component setting as 'hparams.<component>.<field>'."""
   keys = (set(old) | set(new)) - RESUMABLE_KEYS
-  return sorted(k for k in keys if _norm(old.get(k)) != _norm(new.get(k)))
+  found = []
+  for k in sorted(keys):
+    a, b = old.get(k), new.get(k)
+    if k == 'hparams' and isinstance(a, Mapping) and isinstance(b, Mapping):
+      for name in sorted(set(a) | set(b)):
+        fa, fb = a.get(name), b.get(name)
+        if isinstance(fa, Mapping) and isinstance(fb, Mapping):
+          found += [f'hparams.{name}.{f}' for f in sorted(set(fa) | set(fb))
+                    if _norm(fa.get(f)) != _norm(fb.get(f))]
+        elif _norm(fa) != _norm(fb):
+          found.append(f'hparams.{name}')
+    elif _norm(a) != _norm(b):
+      found.append(k)
+  return found
+
+
+def _value_at(config: Mapping[str, Any], key: str) -> Any:
+  for part in key.split('.'):
+    config = config.get(part) if isinstance(config, Mapping) else None
+  return config
+
+
+def _describe(key: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+  """'--<flag>: old -> new', naming a component setting by its flag (--client_lr, not hparams)."""
+  flag = key
+  parts = key.split('.')
+  if len(parts) == 3:
+    flags = {(spec.component, spec.field): spec.name
+             for _, _, spec in config_lib.component_flag_specs()}
+    flag = flags.get((parts[1], parts[2]), key)
+  return f'--{flag}: {_value_at(old, key)!r} -> {_value_at(new, key)!r}'
 
 
 def _norm(v):

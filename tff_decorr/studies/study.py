@@ -249,7 +249,8 @@ def make_plan(grid: Mapping[str, Sequence[str]]) -> Plan:
     generic = config_lib.generic_values(
         task, {n: fv[n].value for n in config_lib.GENERIC_FIELDS if n in fv})
     for reg in regs:
-      used = {generic['algorithm'], generic['partition'], generic['aggregator'], reg}
+      used = {generic['algorithm'], generic['partition'], generic['aggregator'], reg,
+              *config_lib.FIXED_COMPONENTS.values()}
       cell_flags, left_out = _cell_flags({**combo, 'regularizer': reg}, used, component_of)
       applied.update(cell_flags)
       for k in left_out:
