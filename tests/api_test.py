@@ -170,7 +170,8 @@ _LAYERS = (
               'tff_decorr.partitions', 'tff_decorr.data_options', 'tff_decorr.lazy')),
     ('models', ('tff_decorr.models',)),
     ('algorithms', ('tff_decorr.algorithms',)),
-    ('federated', ('tff_decorr.federated',)),  # aggregation, tff_context, netns, loopback
+    ('aggregators', ('tff_decorr.aggregators',)),  # the registry behind --aggregator.
+    ('worker', ('tff_decorr.worker',)),  # tff_context, netns, netns_bridge, loopback.
     ('runtimes', ('tff_decorr.runtimes',)),  # rounds; its faces tff_runtime, tf_runtime, learning.
     ('collapse', ('tff_decorr.collapse',)),
     ('configs', ('tff_decorr.configs',)),  # config, cli.
