@@ -6,7 +6,7 @@
 #   make wheel   the wheel and the sdist into dist/
 # `make setup` alone installs system packages (apt), creates .venv, installs the pinned lock and
 # builds the library that keeps TFF's worker on loopback where it cannot have a network namespace
-# of its own (`unshare`, util-linux: tff_decorr/federated/netns.py, loopback.py).
+# of its own (`unshare`, util-linux: tff_decorr/worker/netns.py, loopback.py).
 
 SHELL := /bin/bash
 VENV := .venv
@@ -72,8 +72,8 @@ venv:
 	  $(PY) -c 'import importlib.util as u, tensorflow, tensorflow_datasets, matplotlib; assert u.find_spec("tensorflow_federated")' && \
 	  echo "$$want" > $(STAMP); \
 	else echo "setup: $(VENV) is up to date"; fi
-	@# The library that keeps TFF's worker on loopback (tff_decorr/federated/loopback.py).
-	@$(PY) -m tff_decorr.federated.loopback >/dev/null
+	@# The library that keeps TFF's worker on loopback (tff_decorr/worker/loopback.py).
+	@$(PY) -m tff_decorr.worker.loopback >/dev/null
 
 train: setup
 	bazel run //bin:train -- $(ARGS)

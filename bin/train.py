@@ -76,7 +76,7 @@ def main(argv):
 
 def run(fv: flags.FlagValues) -> int:
   """Trains every configuration the flags name, then prints the results."""
-  from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+  from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import phases  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
   tff_context.set_without_namespace(fv.worker_without_namespace)

@@ -7,7 +7,7 @@ r"""Serves a TFF executor worker (TFF's own C++ `worker_binary`) for remote simu
   ssh -N -L $XDG_RUNTIME_DIR/tff/b.sock:/run/user/1000/tff/worker.sock hostB &
   python -m bin.train --workers=unix:$XDG_RUNTIME_DIR/tff/a.sock,unix:$XDG_RUNTIME_DIR/tff/b.sock
 
-With --socket, the worker runs in a user+network namespace of its own (tff_decorr/federated/
+With --socket, the worker runs in a user+network namespace of its own (tff_decorr/worker/
 netns.py): it has no network, and the socket (mode 0600, in a folder the user owns with mode 0700,
 created when missing) is the only way in. TFF's executor service is unauthenticated and runs any
 TensorFlow graph it is sent (file reads and writes included), so only its owner may reach it:
@@ -100,7 +100,7 @@ def main(argv):
                   'or --port=PORT (127.0.0.1).')
   if FLAGS.listen_all and FLAGS.port is None:
     return _error('--listen_all needs --port: a Unix socket is not on any network interface.')
-  from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+  from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
   socket_path = None
   if FLAGS.socket is not None:
     socket_path = os.path.abspath(FLAGS.socket)

@@ -20,11 +20,11 @@ import tensorflow_federated as tff
 
 from tff_decorr.tasks import registry as task_registry
 from tests import testutil
-from tff_decorr.federated import aggregation
+from tff_decorr import aggregators
 from tff_decorr import algorithms
 from tff_decorr.configs import config
 from tff_decorr import regularizers
-from tff_decorr.federated import tff_context
+from tff_decorr.worker import tff_context
 from tff_decorr.run import training
 from tff_decorr.run_files import metrics_log
 from tff_decorr.algorithms import testing
@@ -122,7 +122,7 @@ class RuntimeAggregatorTest(tf.test.TestCase):
 
   def test_dp_without_noise_is_the_unweighted_mean_of_the_clients_models(self):
     alg = algorithms.build('fedavg', MODEL, CFG, regularizers.get('none'))
-    factory = aggregation.dp_aggregator(0.0, clients_per_round=3, num_clients=4, clip=1e6)
+    factory = aggregators.dp_aggregator(0.0, clients_per_round=3, num_clients=4, clip=1e6)
     got, _, metrics = _run(tff_runtime.TffRuntime(alg, FN, aggregator=factory), alg,
                            rounds=[['0', '1', '2']])
     # Independent: each client's model after a round alone (one-client FedAvg returns y_i), then
@@ -139,8 +139,8 @@ class RuntimeAggregatorTest(tf.test.TestCase):
 
   def test_compression_sends_fewer_bytes_and_still_averages(self):
     alg = algorithms.build('fedavg', MODEL, CFG, regularizers.get('none'))
-    factory = aggregation.build('compression', aggregation.CompressionHParams(
-        threshold=10, zeroing=False, clipping=False), aggregation.RunShape(4, 4, 1))
+    factory = aggregators.build('compression', aggregators.CompressionHParams(
+        threshold=10, zeroing=False, clipping=False), aggregators.RunShape(4, 4, 1))
     got, _, metrics = _run(tff_runtime.TffRuntime(alg, FN, aggregator=factory), alg,
                            rounds=[['0', '1', '2', '3']])
     params = sum(np.asarray(w).size for w in alg.initial_weights())
@@ -172,7 +172,7 @@ class RuntimeAggregatorTest(tf.test.TestCase):
     alg = algorithms.build('fednova', MODEL, CFG, regularizers.get('none'))
     with self.assertRaisesRegex(ValueError, r"--aggregator \(.*DifferentiallyPrivateFactory.*\) "
                                 'cannot be combined with --algorithm=fednova'):
-      tff_runtime.TffRuntime(alg, FN, aggregator=aggregation.dp_aggregator(
+      tff_runtime.TffRuntime(alg, FN, aggregator=aggregators.dp_aggregator(
           0.5, 3, 4, clip=1.0))
     decomposed = algorithms.build('fedavg_decomposed', testing.tiny_decomposed_model, CFG,
                                   regularizers.get('none'))
@@ -283,23 +283,23 @@ class TrainWithAggregatorTest(tf.test.TestCase):
     for name in task_registry.names():
       with self.subTest(task=name):
         c = config.make(task=name, aggregator='dp', regularizer='none')
-        factory = aggregation.build('dp', c.component_hparams('aggregator'), aggregation.RunShape(
+        factory = aggregators.build('dp', c.component_hparams('aggregator'), aggregators.RunShape(
             num_clients=c.num_clients, clients_per_round=c.clients_per_round, rounds=c.rounds))
         clipping = factory.clipping()
         # Noise 1.0 with at most 10 clients a round: TFF cannot estimate the clip.
         self.assertLessEqual(c.clients_per_round, 10)
         self.assertEqual((clipping['dp_clipping'], clipping['dp_clip']),
-                         ('fixed', aggregation.FALLBACK_CLIP))
+                         ('fixed', aggregators.FALLBACK_CLIP))
         self.assertIn(f'0.1 x --clients_per_round = {0.1 * c.clients_per_round:g}',
                       clipping['dp_clipping_note'])
-        self.assertNotIn(aggregation.DP_NOT_COVERED_ADAPTIVE, factory.not_covered())
+        self.assertNotIn(aggregators.DP_NOT_COVERED_ADAPTIVE, factory.not_covered())
     # Where the noise allows it, --dp_clip=0 is adaptive; a given --dp_clip is fixed, no note.
-    adaptive = aggregation.build('dp', aggregation.DpHParams(noise_multiplier=0.1),
-                                 aggregation.RunShape(num_clients=4, clients_per_round=2, rounds=2))
+    adaptive = aggregators.build('dp', aggregators.DpHParams(noise_multiplier=0.1),
+                                 aggregators.RunShape(num_clients=4, clients_per_round=2, rounds=2))
     self.assertEqual(adaptive.clipping(), {'dp_clipping': 'adaptive'})
-    self.assertIn(aggregation.DP_NOT_COVERED_ADAPTIVE, adaptive.not_covered())
-    fixed = aggregation.build('dp', aggregation.DpHParams(clip=2.0),
-                              aggregation.RunShape(num_clients=4, clients_per_round=2, rounds=2))
+    self.assertIn(aggregators.DP_NOT_COVERED_ADAPTIVE, adaptive.not_covered())
+    fixed = aggregators.build('dp', aggregators.DpHParams(clip=2.0),
+                              aggregators.RunShape(num_clients=4, clients_per_round=2, rounds=2))
     self.assertEqual(fixed.clipping(), {'dp_clipping': 'fixed', 'dp_clip': 2.0})
 
   def test_dp_with_its_defaults_trains_and_says_which_clipping_ran(self):
@@ -346,7 +346,7 @@ class TrainWithAggregatorTest(tf.test.TestCase):
     c.track_collapse = False
     summary = training.train(c, log=lambda s: None)
     self.assertNotIn('local', ' '.join(summary['dp_not_covered']))
-    self.assertNotIn(aggregation.DP_NOT_COVERED_ADAPTIVE, summary['dp_not_covered'])
+    self.assertNotIn(aggregators.DP_NOT_COVERED_ADAPTIVE, summary['dp_not_covered'])
 
   def test_secure_says_it_is_simulated_in_the_log_and_the_summary(self):
     out = tempfile.mkdtemp()

@@ -21,7 +21,7 @@ from tff_decorr.algorithms import base
 from tff_decorr.algorithms import client_update
 from tff_decorr.algorithms import testing
 from tff_decorr.algorithms import workspace
-from tff_decorr.federated import tff_context
+from tff_decorr.worker import tff_context
 from tff_decorr.configs import config
 from tff_decorr.run import composition
 from tff_decorr.run import training

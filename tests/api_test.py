@@ -170,7 +170,8 @@ _LAYERS = (
               'tff_decorr.partitions', 'tff_decorr.data_options', 'tff_decorr.lazy')),
     ('models', ('tff_decorr.models',)),
     ('algorithms', ('tff_decorr.algorithms',)),
-    ('federated', ('tff_decorr.federated',)),  # aggregation, tff_context, netns, loopback
+    ('aggregators', ('tff_decorr.aggregators',)),  # the registry behind --aggregator.
+    ('worker', ('tff_decorr.worker',)),  # tff_context, netns, netns_bridge, loopback.
     ('runtimes', ('tff_decorr.runtimes',)),  # rounds; its faces tff_runtime, tf_runtime, learning.
     ('collapse', ('tff_decorr.collapse',)),
     ('configs', ('tff_decorr.configs',)),  # config, cli.
@@ -283,6 +284,19 @@ class LayersTest(absltest.TestCase):
     if problems:
       self.fail('imports going up a layer (docs/DESIGN.md, "Package map"):\n' +
                 '\n'.join(problems))
+
+  def test_no_two_modules_import_each_other(self):
+    imports = {}
+    for directory, _, files in os.walk(_PACKAGE_DIR):
+      for path in (os.path.join(directory, f) for f in files if f.endswith('.py')):
+        with open(path) as f:
+          module = _module_name(path)
+          imports[module] = {t for _, _, t in _imported(module, ast.parse(f.read(), path))} - {
+              module}
+    mutual = sorted(f'{a} <-> {b}' for a in imports for b in imports[a]
+                    if a < b and a in imports.get(b, ()))
+    self.assertEqual(mutual, [], 'modules importing each other (at import time or in a function): '
+                     'move what both need into one of them, or into a third')
 
   def test_every_layer_names_real_modules(self):
     for name, prefixes in _LAYERS:

@@ -24,7 +24,7 @@ from tff_decorr import algorithms
 from tff_decorr import hparams
 from tff_decorr.runtimes import learning
 from tff_decorr import regularizers
-from tff_decorr.federated import tff_context
+from tff_decorr.worker import tff_context
 from tff_decorr.algorithms import base
 from tff_decorr.algorithms import fedavg
 from tff_decorr.algorithms import testing

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tests import testutil
 from tff_decorr import models
+from tff_decorr.run_files import allowed_ops
 from tff_decorr.run_files import export
 from tff_decorr.run_files import graph_check
 from tff_decorr.run_files import run_directory
@@ -124,14 +125,14 @@ class RefusedTest(testutil.ClassTempDir, absltest.TestCase):
 class ProjectExportsTest(testutil.ClassTempDir, absltest.TestCase):
   """Every model, in both precisions, plain and with the variants that add operations
   (decomposed convolutions, a projection head), passes; so do a Keras object's SavedModel and a
-  checkpoint in TFF's SavedModel format. `python -m tff_decorr.run_files.graph_check --check` runs
+  checkpoint in TFF's SavedModel format. `python -m tff_decorr.run_files.allowed_ops --check` runs
   the full product (each variant in each precision, each also as a Keras object)."""
 
   def test_every_model_in_every_precision_passes(self):
     for name in models.names():
-      for precision_name, variant in zip(models.PRECISIONS, graph_check.VARIANTS):
+      for precision_name, variant in zip(models.PRECISIONS, allowed_ops.VARIANTS):
         with self.subTest(model=name, precision=precision_name, variant=variant):
-          ops = graph_check.export_operations(self.tmp, name, precision_name, variant)
+          ops = allowed_ops.export_operations(self.tmp, name, precision_name, variant)
           self.assertEmpty(sorted(ops - graph_check.ALLOWED_OPS))
     path = os.path.join(self.tmp, 'small_cnn-mixed_bfloat16-decomposed-projection_dim')
     self.assertEqual(graph_check.unsafe_operations(path), [])
@@ -139,11 +140,11 @@ class ProjectExportsTest(testutil.ClassTempDir, absltest.TestCase):
     self.assertEqual(fn(images=tf.zeros([2, 8, 8, 3]))['logits'].shape, (2, 3))
 
   def test_a_keras_object_and_an_old_checkpoint_pass(self):
-    ops = graph_check.export_operations(self.tmp, 'resnet20', 'float32', {}, keras_object=True)
+    ops = allowed_ops.export_operations(self.tmp, 'resnet20', 'float32', {}, keras_object=True)
     self.assertEmpty(sorted(ops - graph_check.ALLOWED_OPS))
     self.assertEqual(graph_check.unsafe_operations(os.path.join(self.tmp,
                                                                 'resnet20-float32-keras')), [])
-    self.assertEmpty(sorted(graph_check.old_checkpoint_operations(self.tmp) -
+    self.assertEmpty(sorted(allowed_ops.old_checkpoint_operations(self.tmp) -
                             graph_check.ALLOWED_OPS))
     self.assertEqual(graph_check.unsafe_operations(os.path.join(self.tmp, 'old', 'round_1')), [])
 

@@ -13,7 +13,7 @@ from absl.testing import absltest
 import numpy as np
 
 from tests import testutil
-from tff_decorr.federated import tff_context
+from tff_decorr.worker import tff_context
 
 _PAGE = os.path.join(testutil.REPO_ROOT, 'docs', 'library.md')
 

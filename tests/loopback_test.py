@@ -1,4 +1,4 @@
-"""tff_decorr/federated/loopback.py and the worker's refusals: the preloaded library turns wildcard
+"""tff_decorr/worker/loopback.py and the worker's refusals: the preloaded library turns wildcard
 binds into loopback binds (checked on real sockets, read back by the kernel and by psutil), the
 /proc reader agrees with psutil, a library is trusted by the owner and mode of its file and of
 every folder up to / (wherever the checkout lives), a worker without a network namespace is
@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl.testing import absltest
 
 from tests import testutil
-from tff_decorr.federated import loopback
+from tff_decorr.worker import loopback
 
 # Binds a listening socket per argument ('4:ADDRESS' or '6:ADDRESS', port 0) and prints where the
 # kernel says each is bound.
@@ -94,7 +94,7 @@ class LoopbackLibraryTest(testutil.ClassTempDir, absltest.TestCase):
 _LISTENERS = textwrap.dedent('''
     import json, os, socket, sys
     import psutil
-    from tff_decorr.federated import loopback
+    from tff_decorr.worker import loopback
     sockets = []
     for address in ('127.0.0.1', '0.0.0.0'):
       s = socket.socket()
@@ -116,7 +116,7 @@ _LISTENERS = textwrap.dedent('''
 # followed by a hostile one (argv[3]) that binds every address to the wildcard.
 _CANARIES = textwrap.dedent("""
     import json, os, sys
-    from tff_decorr.federated import loopback
+    from tff_decorr.worker import loopback
     good, corrupt, hostile = sys.argv[1:4]
     binary = sys.argv[4]
     env = dict(os.environ)
@@ -238,7 +238,7 @@ _ORCHESTRATOR = textwrap.dedent("""
 # reach the worker), and a worker asked to listen on every interface (the control: reached).
 _PHASES = textwrap.dedent("""
     import json, sys
-    from tff_decorr.federated import loopback, tff_context
+    from tff_decorr.worker import loopback, tff_context
     def phase(name):
       print('PHASE', name, flush=True)
       sys.stdin.readline()
@@ -455,8 +455,8 @@ class RefusalTest(absltest.TestCase):
 
   def setUp(self):
     super().setUp()
-    from tff_decorr.federated import netns  # pylint: disable=g-import-not-at-top
-    from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+    from tff_decorr.worker import netns  # pylint: disable=g-import-not-at-top
+    from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
     self.netns, self.tff_context = netns, tff_context
     self.tmp = tempfile.mkdtemp(prefix='loopback_refusal_')
     self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
@@ -556,7 +556,7 @@ class WorkerEnvironmentTest(absltest.TestCase):
 
   def test_the_canary_is_started_by_the_worker_binarys_own_loader(self):
     # readelf (binutils) reads the interpreter independently of the project's ELF reader.
-    from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+    from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
     binary = tff_context.worker_binary_path()
     if shutil.which('readelf') is None:
       self.skipTest('readelf (binutils) is not installed')
@@ -585,7 +585,7 @@ _RAW_BIND_C = textwrap.dedent("""
 class WorkerBinaryImportsTest(absltest.TestCase):
 
   def test_the_worker_binary_takes_bind_from_the_loader_and_a_raw_bind_is_refused(self):
-    from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+    from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
     if shutil.which('nm') is None or loopback.compiler() is None:
       self.skipTest('nm (binutils) and a C compiler are needed')
     binary = tff_context.worker_binary_path()
@@ -630,7 +630,7 @@ class CanaryAndPollerTest(testutil.ClassTempDir, absltest.TestCase):
 
   def test_the_canary_finds_a_corrupt_library_and_a_hostile_preload(self):
     _needs_namespaces()
-    from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+    from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
     out = subprocess.run(testutil.in_own_network(
         [_python(), '-c', _CANARIES, self.library, self.corrupt, self.hostile,
          tff_context.worker_binary_path()]), cwd=testutil.REPO_ROOT, capture_output=True,

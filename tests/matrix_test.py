@@ -30,8 +30,8 @@ import tensorflow_federated as tff
 
 from bench.accuracy import matrix
 from tff_decorr import algorithms
-from tff_decorr.federated import aggregation
-from tff_decorr.federated import tff_context
+from tff_decorr import aggregators
+from tff_decorr.worker import tff_context
 from tff_decorr.configs import config
 from tff_decorr.run import training
 
@@ -80,7 +80,7 @@ class MatrixTest(absltest.TestCase):
     cls.data_home.start()
     cls.cells = {}  # (algorithm, aggregator, runtime) -> Config, or the ValueError refusing it
     for alg in algorithms.names():
-      for agg in aggregation.names():
+      for agg in aggregators.names():
         for rt in RUNTIMES:
           try:
             cls.cells[alg, agg, rt] = config.make(**settings(alg, agg, rt, cls.cache))
@@ -132,12 +132,12 @@ class MatrixTest(absltest.TestCase):
         self.assertFalse(os.path.exists(out))
 
   def test_refusals_follow_the_declared_capabilities(self):
-    for agg in aggregation.names():
-      self.assertEqual(aggregation.is_private(agg), agg in PRIVATE, agg)
-    self.assertEqual(set(aggregation.names()) - {'mean'}, BOUND_AT_DEFAULTS)
+    for agg in aggregators.names():
+      self.assertEqual(aggregators.is_private(agg), agg in PRIVATE, agg)
+    self.assertEqual(set(aggregators.names()) - {'mean'}, BOUND_AT_DEFAULTS)
     for alg in algorithms.names():
       cls = algorithms.algorithm_class(alg)
-      for agg in aggregation.names():
+      for agg in aggregators.names():
         for rt in RUNTIMES:
           expected = agg != 'mean' and bool(
               rt == 'tf' or cls.upload is None
@@ -146,7 +146,7 @@ class MatrixTest(absltest.TestCase):
           self.assertEqual(self.refused(alg, agg, rt), expected, (alg, agg, rt))
 
   def test_refusals_named_in_the_docs(self):
-    factories = [a for a in aggregation.names() if a != 'mean']
+    factories = [a for a in aggregators.names() if a != 'mean']
     self.assertNotEmpty(factories)
     for alg in algorithms.names():  # The plain sum takes every algorithm, in both runtimes.
       for rt in RUNTIMES:
@@ -189,22 +189,22 @@ class MatrixTest(absltest.TestCase):
                      'secure_clipping': False})
 
   def test_built_processes_refuse_what_the_configuration_refuses(self):
-    # The check on the built AggregationProcess (aggregation.check: private factories found in
+    # The check on the built AggregationProcess (aggregators.check: private factories found in
     # it, clipping/zeroing norms in its state) against config.make's (declared properties).
     # Neither depends on the value type, so a small one keeps this cheap.
-    shape = aggregation.RunShape(num_clients=4, clients_per_round=4, rounds=ROUNDS)
+    shape = aggregators.RunShape(num_clients=4, clients_per_round=4, rounds=ROUNDS)
     value_type = tff.TensorType(np.float32, [3])
-    for agg in aggregation.names():
+    for agg in aggregators.names():
       if agg == 'mean':
         continue
       given = {k[len(agg) + 1:]: v for k, v in DP_SETTINGS.items()} if agg == 'dp' else {}
-      factory = aggregation.build(agg, aggregation.hparams_class(agg).from_mapping(given), shape)
+      factory = aggregators.build(agg, aggregators.hparams_class(agg).from_mapping(given), shape)
       process = (factory.create(value_type, tff.TensorType(np.float32))
-                 if aggregation.is_weighted(factory) else factory.create(value_type))
+                 if aggregators.is_weighted(factory) else factory.create(value_type))
       for alg in algorithms.names():
         with self.subTest(algorithm=alg, aggregator=agg):
           try:
-            aggregation.check(algorithms.algorithm_class(alg), factory, process,
+            aggregators.check(algorithms.algorithm_class(alg), factory, process,
                               state_on_server=False)
             refused = False
           except ValueError:

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl.testing import absltest
 
 from tests import testutil
-from tff_decorr.federated import tff_context
+from tff_decorr.worker import tff_context
 from tff_decorr.configs import config
 from tff_decorr.run_files import privacy_ledger
 from tff_decorr.run import training

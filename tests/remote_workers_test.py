@@ -228,7 +228,7 @@ class WorkerLostTest(absltest.TestCase):
   def test_lost_worker_raises_one_line_error(self):
     program = '\n'.join([
         'import sys, time, numpy as np, tensorflow_federated as tff',
-        'from tff_decorr.federated import tff_context',
+        'from tff_decorr.worker import tff_context',
         'w = tff_context.WorkerProcess()',
         'tff_context.install(workers=[w.address])',
         *testutil.FEDERATED_TOTAL,

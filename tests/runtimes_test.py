@@ -13,7 +13,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_decorr import algorithms
-from tff_decorr.federated import tff_context
+from tff_decorr.worker import tff_context
 from tff_decorr.algorithms import testing
 from tff_decorr.runtimes import tf_runtime
 from tff_decorr.runtimes import tff_runtime

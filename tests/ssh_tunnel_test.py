@@ -33,7 +33,7 @@ _SSHD = os.path.join(_OPENSSH, 'usr', 'sbin', 'sshd')
 
 _PROGRAM = '\n'.join([
     'import sys, numpy as np, tensorflow_federated as tff',
-    'from tff_decorr.federated import tff_context',
+    'from tff_decorr.worker import tff_context',
     'tff_context.install(workers=[sys.argv[1]])',
     *testutil.FEDERATED_TOTAL,
     'print("TOTAL", total([1, 2, 3]), flush=True)',

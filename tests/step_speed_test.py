@@ -23,7 +23,7 @@ from tests import testutil
 from tff_decorr import algorithms
 from tff_decorr import models
 from tff_decorr import tf_env
-from tff_decorr.federated import tff_context
+from tff_decorr.worker import tff_context
 from tff_decorr.algorithms import client_update
 from tff_decorr.algorithms import workspace
 from tff_decorr.algorithms import testing

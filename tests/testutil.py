@@ -355,7 +355,7 @@ def in_own_network(argv: list[str]) -> list[str]:
         'bridge = importlib.util.module_from_spec(spec); spec.loader.exec_module(bridge); '
         'bridge.loopback_up(); os.execvp(sys.argv[2], sys.argv[2:])')
   python = PYTHON if os.path.exists(PYTHON) else sys.executable
-  bridge = os.path.join(REPO_ROOT, 'tff_decorr', 'federated', 'netns_bridge.py')
+  bridge = os.path.join(REPO_ROOT, 'tff_decorr', 'worker', 'netns_bridge.py')
   return ['unshare', '--user', '--net', '--map-root-user', python, '-c', up, bridge, *argv]
 
 

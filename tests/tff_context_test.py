@@ -21,7 +21,7 @@ _PROGRAM = textwrap.dedent('''
     import os, sys, time
     import numpy as np
     import tensorflow_federated as tff
-    from tff_decorr.federated import tff_context
+    from tff_decorr.worker import tff_context
     tff_context.install()
 
     @tff.tensorflow.computation(np.int32)
@@ -48,7 +48,7 @@ _ROUND_PROGRAM = textwrap.dedent('''
     import numpy as np
     from tff_decorr import algorithms
     from tff_decorr.algorithms import testing
-    from tff_decorr.federated import tff_context
+    from tff_decorr.worker import tff_context
     from tff_decorr.runtimes import tff_runtime
     tff_context.install(without_namespace='--without_namespace' in sys.argv)
     alg = algorithms.build('fedavg', testing.tiny_model, algorithms.ClientConfig(lr=0.05))
@@ -84,7 +84,7 @@ _MANY_PROGRAM = textwrap.dedent('''
     import sys, threading
     import numpy as np
     import tensorflow_federated as tff
-    from tff_decorr.federated import tff_context
+    from tff_decorr.worker import tff_context
     workers, errors = [], []
     started, done = threading.Semaphore(0), threading.Event()
     def start():
@@ -196,7 +196,7 @@ class WorkerIsolationTest(absltest.TestCase):
   def test_a_socket_others_could_reach_is_refused(self):
     if not testutil.namespaces_available():
       self.skipTest('unshare --user --net is not allowed here')
-    from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+    from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
     folder = tempfile.mkdtemp(prefix='tff_context_test_')
     self.addCleanup(shutil.rmtree, folder, ignore_errors=True)
     os.chmod(folder, 0o755)  # others may enter it: the check after start-up must refuse it
@@ -212,8 +212,8 @@ class StartFailureTest(absltest.TestCase):
 
   def setUp(self):
     super().setUp()
-    from tff_decorr.federated import netns  # pylint: disable=g-import-not-at-top
-    from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+    from tff_decorr.worker import netns  # pylint: disable=g-import-not-at-top
+    from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
     self.netns, self.tff_context = netns, tff_context
     self.tmp = tempfile.mkdtemp(prefix='tff_context_start_')
     self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
@@ -242,7 +242,7 @@ class StartFailureTest(absltest.TestCase):
     self.addCleanup(setattr, self.netns, '_available', self.netns._available)
     self.netns._available = (False, 'not in this test')
     # The canary (loopback_test) runs the worker binary's loader; this fake is a shell script.
-    from tff_decorr.federated import loopback  # pylint: disable=g-import-not-at-top
+    from tff_decorr.worker import loopback  # pylint: disable=g-import-not-at-top
     self.addCleanup(setattr, loopback, 'canary_problems', loopback.canary_problems)
     loopback.canary_problems = lambda *args: []
     self.assertEqual(self._failure(), self.tff_context._START_ATTEMPTS)

@@ -24,7 +24,7 @@ from tests import testutil
 _PROGRAMS = ('train', 'evaluate', 'analyze', 'partition', 'report', 'study', 'worker')
 # What pyproject.toml packages, from where: the checkout's folder -> its place in the wheel.
 _FOLDERS = {'tff_decorr': 'tff_decorr', 'tasks': 'tff_decorr/tasks', 'bin': 'tff_decorr/bin'}
-_DATA = ('tff_decorr/federated/loopback_bind.c', 'tff_decorr/configs/flag_table.json')
+_DATA = ('tff_decorr/worker/loopback_bind.c', 'tff_decorr/configs/flag_table.json')
 
 
 def _run(argv, **kwargs):

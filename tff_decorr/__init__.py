@@ -5,10 +5,10 @@
 fedprox_mu=1e-3))`.
 
 Layers, lowest first (docs/DESIGN.md): components (hparams, tf_env, regularizers, partitions, lazy,
-models/, algorithms/), the TFF machinery (federated/), the round and its runtimes, the tff.learning
-face among them (runtimes/), collapse measurement (collapse/), a run's configuration (configs/), a
-run directory's files (run_files/), the run program that writes them (run/) and studies of many
-runs (studies/).
+models/, algorithms/), the registry of aggregators (aggregators), TFF's worker process and its
+sandbox (worker/), the round and its runtimes, the tff.learning face among them (runtimes/),
+collapse measurement (collapse/), a run's configuration (configs/), a run directory's files
+(run_files/), the run program that writes them (run/) and studies of many runs (studies/).
 Submodules are imported on first use, so importing the package itself does not import TensorFlow.
 """
 

@@ -62,7 +62,7 @@ from bench import _common  # pylint: disable=g-import-not-at-top
 from bench import settings  # pylint: disable=g-import-not-at-top
 from bench.reference import reference_main  # pylint: disable=g-import-not-at-top
 from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
-from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
 from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS

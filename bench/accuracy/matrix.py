@@ -80,20 +80,20 @@ def unvalidated(settings: dict):
   """The cell's Config as a hand-written config.json (or code building a Config directly) would
   give it, skipping `config.make`'s validation: the same combination resolved with the plain sum
   and the aggregator put back afterwards, with its settings."""
-  from tff_decorr.federated import aggregation  # pylint: disable=g-import-not-at-top
+  from tff_decorr import aggregators  # pylint: disable=g-import-not-at-top
   from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   base = {k: v for k, v in settings.items() if not k.startswith(settings['aggregator'] + '_')}
   c = config_lib.make(**{**base, 'aggregator': 'mean', 'runtime': 'tff'})
   hparams = {k: v for k, v in c.hparams.items() if k != 'mean'}
   agg = settings['aggregator']
   given = {k[len(agg) + 1:]: v for k, v in settings.items() if k.startswith(agg + '_')}
-  hparams[agg] = aggregation.hparams_class(agg).from_mapping(given)
+  hparams[agg] = aggregators.hparams_class(agg).from_mapping(given)
   return dataclasses.replace(c, aggregator=agg, runtime=settings['runtime'], hparams=hparams)
 
 
 def refused_by_program(settings: dict, out: str) -> str:
   """The training program's error for a Config that skipped validation ('' if it trained)."""
-  from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+  from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
   c = dataclasses.replace(unvalidated(settings), output_dir=out)
   try:
@@ -107,7 +107,7 @@ def refused_by_program(settings: dict, out: str) -> str:
 
 def run_cell(algorithm: str, aggregator: str, runtime: str, seeds, root: str) -> dict:
   from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
-  from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+  from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
   from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
   out = os.path.join(root, f'{algorithm}-{aggregator}-{runtime}')
@@ -194,12 +194,12 @@ def print_tables(results, algs, aggs, runtimes) -> None:
 def main(argv):
   del argv
   from tff_decorr import algorithms  # pylint: disable=g-import-not-at-top
-  from tff_decorr.federated import aggregation  # pylint: disable=g-import-not-at-top
-  from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+  from tff_decorr import aggregators  # pylint: disable=g-import-not-at-top
+  from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
   algs = FLAGS.algorithms or list(algorithms.names())
-  aggs = FLAGS.aggregators or list(aggregation.names())
+  aggs = FLAGS.aggregators or list(aggregators.names())
   for name, chosen, known in (('algorithms', algs, algorithms.names()),
-                              ('aggregators', aggs, aggregation.names()),
+                              ('aggregators', aggs, aggregators.names()),
                               ('runtimes', FLAGS.runtimes, ('tff', 'tf'))):
     unknown = [x for x in chosen if x not in known]
     if unknown:

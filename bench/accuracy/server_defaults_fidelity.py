@@ -135,7 +135,7 @@ def run_cell(name: str, extra: Dict[str, Any], configs: Sequence[Any],
              regularizer: str = 'none') -> Dict[str, Any]:
   """Trains the cell's runs (`configs`, one a seed, from make_config; finished runs are read
   back); its results (accuracy as a fraction, as bench.accuracy.server_defaults's)."""
-  from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+  from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
   seeds = [c.seed for c in configs]
   return {'algorithm': name, 'settings': resolved_settings(configs[0], name),
           'regularizer': regularizer, 'set': {k: str(v) for k, v in extra.items()},

@@ -118,9 +118,9 @@ def aggregator(name: str, num_clients: int):
   if name == 'process_robust':
     return tff.learning.robust_aggregator()
   if name == 'process_compression':  # compression_aggregator() with the threshold as a setting
-    from tff_decorr.federated import aggregation  # pylint: disable=g-import-not-at-top
-    return aggregation.build('compression', aggregation.CompressionHParams(
-        threshold=FLAGS.compression_threshold), aggregation.RunShape(num_clients, num_clients, 1))
+    from tff_decorr import aggregators  # pylint: disable=g-import-not-at-top
+    return aggregators.build('compression', aggregators.CompressionHParams(
+        threshold=FLAGS.compression_threshold), aggregators.RunShape(num_clients, num_clients, 1))
   if name == 'process_secure':
     return tff.learning.secure_aggregator()
   if name == 'process_dp':
@@ -207,7 +207,7 @@ def bytes_table(bytes_up: dict) -> str:
 def main(argv):
   del argv
   _common.check_flags(FLAGS.variants, VARIANTS, FLAGS.repeats)
-  from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+  from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
   machine = _common.machine()
   names = [BASELINE] + [v for v in VARIANTS if v in FLAGS.variants and v != BASELINE]
   # The baseline first: its Experiment installs the TFF context (and starts the worker) that the

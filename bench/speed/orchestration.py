@@ -13,7 +13,7 @@ bin/train), so on several cores it may run clients concurrently while the tf run
 one after another. When TensorFlow sees a GPU, the device placement of one tf-runtime client round
 is logged to stderr (tf.debugging.set_log_device_placement); TFF 0.87's worker is CPU-only.
 Writes bench/results/orchestration_<task>.json. No worker_binary process is left behind: the
-TFF context (tff_decorr.federated.tff_context) stops its worker at exit, and the script checks that.
+TFF context (tff_decorr.worker.tff_context) stops its worker at exit, and the script checks that.
 """
 
 from __future__ import annotations

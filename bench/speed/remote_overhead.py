@@ -20,7 +20,7 @@ from absl import app
 from absl import flags
 
 from bench import _common
-from tff_decorr.federated import tff_context
+from tff_decorr.worker import tff_context
 
 flags.DEFINE_integer('rounds', 4, 'Rounds per run.')
 flags.DEFINE_integer('local_epochs', 1, 'Local epochs.')

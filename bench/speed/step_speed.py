@@ -413,7 +413,7 @@ def _shard_dataset_fn(name, steps, root):
 
 
 def run_round_mode():
-  from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+  from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
   from tff_decorr.runtimes import tf_runtime  # pylint: disable=g-import-not-at-top
   from tff_decorr.runtimes import tff_runtime  # pylint: disable=g-import-not-at-top
   if 'tff' in FLAGS.runtimes:

@@ -5,7 +5,7 @@ r"""What the isolated worker's Unix-socket bridge costs per round, against a loo
       --resnet20_round_s=24.5
 
 The local TFF worker runs in a network namespace of its own and is reached through a Unix socket
-that `tff_decorr/federated/netns_bridge.py` forwards to its port (docs/security.md); before, it
+that `tff_decorr/worker/netns_bridge.py` forwards to its port (docs/security.md); before, it
 listened on 127.0.0.1 (the loopback library, still the fallback). Two measurements, each side
 alternating with the other so that the load of the machine falls on both alike:
 
@@ -46,8 +46,8 @@ import tensorflow_federated as tff
 from bench import _common
 from bench import settings
 from tff_decorr import models
-from tff_decorr.federated import netns
-from tff_decorr.federated import tff_context
+from tff_decorr.worker import netns
+from tff_decorr.worker import tff_context
 
 flags.DEFINE_integer('repeats', 12, 'Transfer calls per worker (alternating).')
 flags.DEFINE_integer('clients', 10, 'Clients of the transfer computation.')

@@ -164,7 +164,7 @@ def run_guarded(prog: str, fn, interrupted_message=None) -> int:
   """Runs fn() and maps every failure a user can cause or meet to one line on stderr and an exit
   code, instead of a traceback from deep inside TensorFlow. Programming errors still raise."""
   import sys  # pylint: disable=g-import-not-at-top
-  from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+  from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
 
   def fail(message, code):
     print(f'{prog}: error: {message}', file=sys.stderr, flush=True)

@@ -68,7 +68,7 @@ class Config:
     algorithm: the algorithm's name (algorithms.names()).
     regularizer: the regulariser's name (regularizers.names()).
     partition: the partition's name (partitions.names()).
-    aggregator: the aggregator's name (federated.aggregation.names()).
+    aggregator: the aggregator's name (aggregators.names()).
     num_clients: the clients the train split is divided among.
     clients_per_round: the clients sampled each round.
     rounds: the rounds to train.
@@ -173,8 +173,8 @@ def registry(kind: str):
     from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
     return partitions
   if kind == 'aggregator':
-    from tff_decorr.federated import aggregation  # pylint: disable=g-import-not-at-top
-    return aggregation
+    from tff_decorr import aggregators  # pylint: disable=g-import-not-at-top
+    return aggregators
   raise ValueError(f'unknown component kind {kind!r}.')
 
 

@@ -25,8 +25,7 @@ PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'flag_table.json
 # The modules whose registries the table stands for. partitions imports no TensorFlow, but a
 # partition registered by the caller must get its flag too.
 REGISTRY_MODULES = ('tff_decorr.tasks.registry', 'tff_decorr.models', 'tff_decorr.algorithms',
-                    'tff_decorr.regularizers', 'tff_decorr.partitions',
-                    'tff_decorr.federated.aggregation')
+                    'tff_decorr.regularizers', 'tff_decorr.partitions', 'tff_decorr.aggregators')
 _KINDS = {'float': float, 'int': int, 'str': str, 'bool': bool}
 
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tff_decorr.tasks import client_data
 from tff_decorr.tasks import registry as task_registry
-from tff_decorr.federated import aggregation
+from tff_decorr import aggregators
 from tff_decorr import algorithms
 from tff_decorr.configs import config as config_lib
 from tff_decorr.run_files import export
@@ -72,9 +72,9 @@ class Experiment:
                                       local_epochs=int(c.local_epochs))
     # The tff.aggregators factory of --aggregator (None: the runtimes' plain sum). Built here, so
     # a bad setting fails before the run directory is written.
-    self.aggregator = aggregation.build(
+    self.aggregator = aggregators.build(
         c.aggregator, c.component_hparams('aggregator'),
-        aggregation.RunShape(num_clients=c.num_clients, clients_per_round=c.clients_per_round,
+        aggregators.RunShape(num_clients=c.num_clients, clients_per_round=c.clients_per_round,
                              rounds=c.rounds))
 
   def model_fn(self) -> tf.keras.Model:
@@ -116,7 +116,7 @@ class Experiment:
     # delete it.
     self.ledger = None
     from tff_decorr.run_files import privacy_ledger  # pylint: disable=g-import-not-at-top
-    if (isinstance(self.aggregator, aggregation.AccountedDpFactory) or
+    if (isinstance(self.aggregator, aggregators.AccountedDpFactory) or
         os.path.exists(os.path.join(shard_dir, privacy_ledger.FILE_NAME))):
       self.ledger = privacy_ledger.open_for_run(c.task, client_data.examples_hash(images, labels),
                                                 [shard_dir], log=self.log)
@@ -177,7 +177,7 @@ class Experiment:
       concurrency = c.max_concurrent_computation_calls
       return tf_runtime.TfRuntime(self.algorithm, self.client_dataset_fn,
                                   concurrency=None if concurrency < 1 else concurrency)
-    from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+    from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
     from tff_decorr.runtimes import tff_runtime  # pylint: disable=g-import-not-at-top
     workers = [w for w in c.workers.split(',') if w] if c.workers else []
     log_path = os.path.join(output_dir, 'tff_worker.log') if output_dir else None
@@ -188,7 +188,7 @@ class Experiment:
 
   def dp_not_covered(self, save_local_models=()) -> list:
     """What --aggregator=dp's epsilon does not cover in this run: the aggregator's own list
-    (aggregation.DP_NOT_COVERED) and the per-client outputs the run writes without noise.
+    (aggregators.DP_NOT_COVERED) and the per-client outputs the run writes without noise.
 
     Those outputs are listed rather than refused: they are the simulation's measurements (the
     local models of chosen clients, a sampled client's spectrum, a personalised algorithm's
@@ -233,16 +233,16 @@ class Experiment:
       The summary.json entries (dp_epsilon, dp_delta, dp_clipping, ... or aggregator_note), or
       {}.
     """
-    note = aggregation.note(self.config.aggregator)
+    note = aggregators.note(self.config.aggregator)
     if note:
       return {'aggregator_note': f'--aggregator={self.config.aggregator}: {note}'}
-    if not isinstance(self.aggregator, aggregation.AccountedDpFactory) or rounds < 1:
+    if not isinstance(self.aggregator, aggregators.AccountedDpFactory) or rounds < 1:
       return {}
     # The factory's table covers rounds 1..config.rounds, the most a summary can report.
     out = {'dp_epsilon': float(self.aggregator.epsilons[rounds - 1]),
            'dp_delta': self.aggregator.target_delta,
            **self.aggregator.clipping(),
-           'dp_assumes': list(aggregation.DP_ASSUMES),
+           'dp_assumes': list(aggregators.DP_ASSUMES),
            'dp_not_covered': self.dp_not_covered(save_local_models)}
     if ledger is not None:
       from tff_decorr.run_files import privacy_ledger  # pylint: disable=g-import-not-at-top
@@ -251,7 +251,7 @@ class Experiment:
       entries, unreadable = account.releases, len(account.unreadable_lines)
       out.update({
           'dp_ledger': ledger.path, 'dp_releases_on_data': len(entries),
-          'dp_epsilon_all_releases': aggregation.dp_epsilon_of_releases(
+          'dp_epsilon_all_releases': aggregators.dp_epsilon_of_releases(
               privacy_ledger.grouped(entries), self.aggregator.target_delta)})
       if account.missing:
         out['dp_ledger_missing_releases'] = account.missing

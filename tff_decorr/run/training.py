@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_decorr.federated import aggregation
+from tff_decorr import aggregators
 from tff_decorr.models import precision
 from tff_decorr.configs import config as config_lib
 from tff_decorr.run import composition
@@ -109,7 +109,7 @@ def _start_dp_ledger(exp: composition.Experiment, directory: run_directory.RunDi
   """Under --aggregator=dp: says which clipping runs and what epsilon assumes and omits (the
   un-noised per-client outputs of this run included), and adds the data's privacy ledger to the
   run directory's hooks (privacy_ledger.ReleaseHook). Returns the ledger (None: no DP)."""
-  if not isinstance(exp.aggregator, aggregation.AccountedDpFactory):
+  if not isinstance(exp.aggregator, aggregators.AccountedDpFactory):
     return None
   c, log = exp.config, directory.log
   clipping = exp.aggregator.clipping()
@@ -118,7 +118,7 @@ def _start_dp_ledger(exp: composition.Experiment, directory: run_directory.RunDi
   else:
     log(f'Privacy: fixed L2 clip {clipping["dp_clip"]:g}'
         + (f' ({clipping["dp_clipping_note"]}).' if 'dp_clipping_note' in clipping else '.'))
-  log('Privacy: --aggregator=dp\'s epsilon assumes ' + '; '.join(aggregation.DP_ASSUMES) + '.')
+  log('Privacy: --aggregator=dp\'s epsilon assumes ' + '; '.join(aggregators.DP_ASSUMES) + '.')
   log('Privacy: it does not cover ' + '; '.join(exp.dp_not_covered(save_local_models)) + '.')
   entry = dict(noise_multiplier=c.component_hparams('aggregator').noise_multiplier,
                clients_per_round=c.clients_per_round, num_clients=c.num_clients)
@@ -247,8 +247,8 @@ def _train_locked(config, directory, resumed, overwrite, save_local_models, loca
   log(('Resuming' if resumed else 'Configuration') + ' (saved to ' +
       run_dir.config_path(config.output_dir) + '):')
   log(json.dumps(config.to_dict(), indent=None, sort_keys=True))
-  if aggregation.note(config.aggregator):
-    log(f'Note: --aggregator={config.aggregator} is {aggregation.note(config.aggregator)}.')
+  if aggregators.note(config.aggregator):
+    log(f'Note: --aggregator={config.aggregator} is {aggregators.note(config.aggregator)}.')
   ledger = _start_dp_ledger(exp, directory, resumed, save_local_models)
   hooks = _round_hooks(exp, directory, save_local_models, local_rounds)
   started = time.time()

@@ -13,7 +13,7 @@ had no reason to name. So the scan is an allow list: `ALLOWED_OPS` holds the ope
 tff_decorr's own SavedModels use, and any other operation refuses the file, one line naming it.
 
 `ALLOWED_OPS` is data derived by exporting, not written by hand: `python -m
-tff_decorr.run_files.graph_check` exports every model of the registry (`tff_decorr.models.names()`)
+tff_decorr.run_files.allowed_ops` exports every model of the registry (`tff_decorr.models.names()`)
 in every precision (`models.PRECISIONS`), plain and with the variants that change the graph
 (decomposed convolutions, MOON's projection head); the FedBN/personalised per-client exports are the
 same export of other weights. It also saves each model as a Keras object (what tests and users save
@@ -34,10 +34,9 @@ function reads checkpoint-format files at the path its inputs give.
 from __future__ import annotations
 
 import os
-import sys
 
 # The operations of tff_decorr's SavedModels on TensorFlow 2.14 (derived as the module docstring
-# says; `python -m tff_decorr.run_files.graph_check` prints this list).
+# says; `python -m tff_decorr.run_files.allowed_ops` prints this list).
 ALLOWED_OPS = frozenset({
     'AddV2', 'AssignSubVariableOp', 'AssignVariableOp', 'BiasAdd', 'Cast', 'Const', 'Conv2D',
     'DepthwiseConv2dNative', 'DisableCopyOnRead', 'Einsum', 'FusedBatchNormV3', 'Identity',
@@ -238,118 +237,3 @@ def check(path: str, what: str) -> None:
     raise UnsafeGraphError(
         f'{what} contains operations tff_decorr never writes: {ops}. It was made elsewhere or '
         'altered; it was not loaded (docs/security.md).')
-
-
-# ---- deriving ALLOWED_OPS ----
-
-# Input shapes as small as each model accepts: the operations do not depend on the size.
-_SMALL_INPUT = {'alexnet_bn': (63, 63, 3)}
-_SMALL_KWARGS = {'alexnet_bn': {'hidden_dim': 8}}
-VARIANTS = ({}, {'decomposed': True, 'projection_dim': 8})
-
-
-def export_operations(directory: str, model_name: str, precision_name: str, variant: dict,
-                      keras_object: bool = False) -> set:
-  """The operations of tff_decorr's export (run_files/export.py) of `model_name` built in
-  `precision_name` with `variant` (model kwargs), written under `directory`; with
-  `keras_object`, of the Keras model saved as an object instead.
-
-  Args:
-    directory: a scratch folder.
-    model_name: a name in models.names().
-    precision_name: one of models.PRECISIONS.
-    variant: extra model kwargs (`VARIANTS`).
-    keras_object: save the Keras model with tf.saved_model.save instead.
-
-  Returns:
-    The set of op type names of that SavedModel.
-  """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tff_decorr import models  # pylint: disable=g-import-not-at-top
-  from tff_decorr.models import precision  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run_files import export  # pylint: disable=g-import-not-at-top
-  kwargs = dict(num_classes=3, input_shape=_SMALL_INPUT.get(model_name, (8, 8, 3)),
-                **_SMALL_KWARGS.get(model_name, {}), **variant)
-  model_fn = lambda: precision.build(lambda: models.build(model_name, **kwargs), precision_name)
-  tag = [model_name, precision_name, *sorted(variant)] + (['keras'] if keras_object else [])
-  path = os.path.join(directory, '-'.join(tag))
-  model = model_fn()
-  if keras_object:
-    tf.saved_model.save(model, path)
-  else:
-    export.export_saved_model(model_fn, [v.numpy() for v in model.weights], path, {
-        'model': model_name, 'precision': precision_name,
-        'model_kwargs': {k: v for k, v in kwargs.items() if k not in ('num_classes',
-                                                                      'input_shape')}})
-  return operations(path)
-
-
-def old_checkpoint_operations(directory: str) -> set:
-  """The operations of a checkpoint in TFF's SavedModel format (tff_decorr before
-  checkpoint_files), with the structure the training program saves.
-
-  Args:
-    directory: a scratch folder.
-
-  Returns:
-    The set of op type names.
-  """
-  import asyncio  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  state = {'round': 1, 'server_state': {'weights': [np.zeros((3, 3), np.float32)],
-                                        'aggregator': b'\x00state'},
-           'best_accuracy': np.float64(0.5), 'best_round': 1, 'last_accuracy': np.float64(0.5)}
-  manager = tff.program.FileProgramStateManager(os.path.join(directory, 'old'), prefix='round_')
-  asyncio.run(manager.save(state, 1))
-  return operations(os.path.join(directory, 'old', 'round_1'))
-
-
-def derive_allowed_ops(directory: str, log=print) -> set:
-  """Every operation of tff_decorr's SavedModels, as the module docstring says.
-
-  Args:
-    directory: a scratch folder for the exports.
-    log: called with one line per export.
-
-  Returns:
-    The union of their op type names.
-  """
-  from tff_decorr import models  # pylint: disable=g-import-not-at-top
-  out = old_checkpoint_operations(directory)
-  for name in models.names():
-    for precision_name in models.PRECISIONS:
-      for variant in VARIANTS:
-        for keras_object in (False, True):
-          ops = export_operations(directory, name, precision_name, variant, keras_object)
-          log(f'{name} {precision_name} {variant or "plain"}'
-              f'{" (Keras object)" if keras_object else ""}: {len(ops)} operations')
-          out |= ops
-  return out
-
-
-def main(argv) -> int:
-  """Prints the derived ALLOWED_OPS; with --check, what ALLOWED_OPS lacks or has in excess.
-
-  Args:
-    argv: the command line's arguments ('--check' or none).
-
-  Returns:
-    The exit status: 1 when --check finds an operation missing from ALLOWED_OPS, else 0.
-  """
-  import tempfile  # pylint: disable=g-import-not-at-top
-  from tff_decorr import tf_env  # pylint: disable=g-import-not-at-top,unused-import
-  with tempfile.TemporaryDirectory() as directory:
-    derived = derive_allowed_ops(directory, log=lambda s: print(s, file=sys.stderr))
-  if '--check' in argv:
-    missing = sorted(derived - ALLOWED_OPS)
-    extra = sorted(ALLOWED_OPS - derived)
-    print(f'missing from ALLOWED_OPS: {missing or "none"}; listed but not derived: '
-          f'{extra or "none"}')
-    return 1 if missing else 0
-  print(sorted(derived))
-  return 0
-
-
-if __name__ == '__main__':
-  sys.exit(main(sys.argv[1:]))

@@ -44,8 +44,8 @@ from tff_decorr import algorithms
 from tff_decorr import regularizers
 from tff_decorr.algorithms import base
 from tff_decorr.algorithms.client_update import ClientConfig
-from tff_decorr.federated import aggregation
-from tff_decorr.federated import tff_context
+from tff_decorr import aggregators
+from tff_decorr.worker import tff_context
 from tff_decorr.runtimes import rounds
 from tff_decorr.runtimes import tff_runtime
 
@@ -310,12 +310,12 @@ def from_keras_model(keras_model: tf.keras.Model, input_spec,
 # The project's algorithms as LearningProcesses
 # ------------------------------------------------------------------------------------------------
 
-# Aggregation pieces shared with bin/train's --aggregator live in tff_decorr.federated.aggregation;
+# Aggregation pieces shared with bin/train's --aggregator live in tff_decorr.aggregators;
 # these names stay here for code written against this module.
-upload_bytes_per_client = aggregation.upload_bytes_per_client
-dp_epsilons = aggregation.dp_epsilons
-AccountedDpFactory = aggregation.AccountedDpFactory
-dp_aggregator = aggregation.dp_aggregator
+upload_bytes_per_client = aggregators.upload_bytes_per_client
+dp_epsilons = aggregators.dp_epsilons
+AccountedDpFactory = aggregators.AccountedDpFactory
+dp_aggregator = aggregators.dp_aggregator
 
 
 def _algorithm_regularizer(regularizer):
@@ -418,7 +418,7 @@ def build_process(name: str, model_fn: Callable[[], tf.keras.Model],
     hparams['num_clients'] = len(client_ids)
   if model_aggregator is None:
     model_aggregator = tff.aggregators.MeanFactory()
-  aggregation.check_factory(model_aggregator)  # Before anything is built.
+  aggregators.check_factory(model_aggregator)  # Before anything is built.
   dict_model_fn = lambda: as_dict_model(model_fn(), representation_layer)
   alg = algorithms.build(name, dict_model_fn, config, _algorithm_regularizer(regularizer),
                          **hparams)
@@ -602,8 +602,8 @@ class _ProcessBuilder:
   def _metrics_computation(self, out_type, agg):
     """Summed client metrics -> the process's train and communication metrics."""
     bytes_per_client = self.round.upload_bytes_per_client(agg, out_type['exact'])
-    float_bytes = (aggregation.tensor_bytes(out_type['update'])
-                   + aggregation.tensor_bytes(out_type['exact']))
+    float_bytes = (aggregators.tensor_bytes(out_type['update'])
+                   + aggregators.tensor_bytes(out_type['exact']))
 
     @tff.tensorflow.computation(out_type['metrics'])
     def metrics_tf(m):

@@ -14,16 +14,16 @@ algorithm's own weighted average, summed by `tff.aggregators.SumFactory` in TFF 
 in-process) or any `tff.aggregators` factory. What a client sends (`Round.client_work`):
   update  what the aggregator aggregates: the plain sum takes the algorithm's weighted
           contribution; a factory takes contribution / weight as a model delta
-          (aggregation.client_update), which it may clip, zero, noise or quantise;
+          (aggregators.client_update), which it may clip, zero, noise or quantise;
   exact   the contribution's `Algorithm.exact_keys`, always summed exactly and never through a
           factory (SCAFFOLD's control-variate deltas: its c must stay the clients' mean);
   weight  the algorithm's aggregation weight; `one` = 1 (unweighted factories count clients).
 `Round.server_update` turns the aggregate back into the summed contribution the algorithm's
-`server_step` takes (aggregation.summed_contribution), adds the exact sums, and calls it;
+`server_step` takes (aggregators.summed_contribution), adds the exact sums, and calls it;
 `server_update_with_metrics` also returns the algorithm's `server_metrics` (FedExP's eta_g, the
 adaptive optimisers' update norm), which the TFF and TF faces report as `server/<name>`.
 Whether an algorithm may run under a factory at all is its declared capabilities
-(base.Algorithm; aggregation.refusal), checked when the aggregation process is created.
+(base.Algorithm; aggregators.refusal), checked when the aggregation process is created.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_decorr.federated import aggregation
+from tff_decorr import aggregators
 from tff_decorr.algorithms import base
 from tff_decorr.algorithms.workspace import Workspace
 
@@ -68,15 +68,15 @@ class Round:
     if not isinstance(algorithm, base.Algorithm):
       raise ValueError(f'algorithm must be a tff_decorr Algorithm, got {type(algorithm).__name__}.')
     if factory is not None:
-      aggregation.check_factory(factory, what)
-      aggregation.check_upload(algorithm, what)  # Before a client's delta is traced.
+      aggregators.check_factory(factory, what)
+      aggregators.check_upload(algorithm, what)  # Before a client's delta is traced.
     self.algorithm = algorithm
     self.factory = factory
     self.state_on_server = state_on_server
     self.what = what
     self.exact_keys = tuple(algorithm.exact_keys)
     # The plain sum adds pre-weighted contributions; the server step divides by the summed weight.
-    self.weighted = factory is None or aggregation.is_weighted(factory)
+    self.weighted = factory is None or aggregators.is_weighted(factory)
 
   @property
   def plain(self) -> bool:
@@ -123,7 +123,7 @@ class Round:
     def work(broadcast, dataset, client_state):
       out = step(broadcast, dataset, client_state)
       rest, exact = self._split(out.contribution)
-      update = rest if self.plain else aggregation.client_update(
+      update = rest if self.plain else aggregators.client_update(
           self.algorithm, broadcast, out._replace(contribution=rest))
       return collections.OrderedDict(update=update, exact=exact, weight=out.weight,
                                      one=tf.constant(1.0), client_state=out.client_state,
@@ -164,13 +164,13 @@ class Round:
       (new server state, OrderedDict {name: float32 scalar}, names sorted).
     """
     alg = self.algorithm
-    summed = aggregate if self.plain else aggregation.summed_contribution(
+    summed = aggregate if self.plain else aggregators.summed_contribution(
         alg, alg.broadcast(server_state), aggregate, total_weight)
     if self.exact_keys:
       summed = {**summed, **exact}
     new_state = dict(alg.server_step(server_state, summed, total_weight))
     if not self.plain:  # Noise or quantisation can push an averaged variance below zero.
-      new_state['weights'] = aggregation.nonnegative_variances(alg, list(new_state['weights']))
+      new_state['weights'] = aggregators.nonnegative_variances(alg, list(new_state['weights']))
     metrics = alg.server_metrics(server_state, summed, total_weight, new_state)
     return new_state, collections.OrderedDict(
         (name, tf.cast(metrics[name], tf.float32)) for name in sorted(metrics))
@@ -192,7 +192,7 @@ class Round:
     """
     if self.plain:
       return tff.aggregators.SumFactory().create(update_type)
-    return aggregation.create(self.factory, update_type, weight_type, self.algorithm,
+    return aggregators.create(self.factory, update_type, weight_type, self.algorithm,
                               state_on_server=self.state_on_server, what=self.what)
 
   def aggregate(self, process: tff.templates.AggregationProcess, state, outputs):
@@ -228,4 +228,4 @@ class Round:
     """
     if self.plain:
       return None
-    return aggregation.upload_bytes_per_client(process) + aggregation.tensor_bytes(exact_type)
+    return aggregators.upload_bytes_per_client(process) + aggregators.tensor_bytes(exact_type)

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_decorr.federated import aggregation
+from tff_decorr import aggregators
 from tff_decorr.algorithms import base
 from tff_decorr.runtimes import rounds
 
@@ -148,7 +148,7 @@ class TffRuntime:
   """The IterativeProcess behind the same interface as tf_runtime.TfRuntime (for the program).
 
   `initialize()` and `run_round(server_state, client_inputs, client_states)` call the process's
-  `initialize` and `next` in TFF's default context (install tff_decorr.federated.tff_context first). The
+  `initialize` and `next` in TFF's default context (install tff_decorr.worker.tff_context first). The
   server state is the algorithm's, plus 'aggregator' (the factory's state) under a factory.
   """
 
@@ -194,6 +194,6 @@ class TffRuntime:
     # update as plain float32 is kept beside it.
     metrics['bytes_up_float32'] = metrics.get('bytes_up', 0.0)
     metrics['bytes_up'] = float(metrics['clients']) * self.process.upload_bytes_per_client
-    metrics.update(aggregation.flat_measurements(out['aggregator']))
+    metrics.update(aggregators.flat_measurements(out['aggregator']))
     return ({**new_state['algorithm'], AGGREGATOR_KEY: new_state['aggregator']},
             list(new_client_states), metrics)

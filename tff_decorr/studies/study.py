@@ -464,7 +464,7 @@ class Runner:
     self.status: Dict[str, dict] = {}
     self.durations: List[float] = []
     self._started: Dict[str, float] = {}  # run name -> start time, of the running ones
-    from tff_decorr.federated import tff_context  # pylint: disable=g-import-not-at-top
+    from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
     # tff_context's child set-up (SIGKILL when this process dies; its own process group): a killed
     # study leaves no bin/train behind holding a cell's lock when the study is resumed, and Ctrl-C
     # reaches the children only through the study, which stops them (_stop). Imported here, not in

@@ -55,8 +55,8 @@ from tensorflow_federated.python.core.impl.execution_contexts import mergeable_c
 from tensorflow_federated.python.core.impl.types import type_analysis
 from tensorflow_federated.python.core.impl.types import type_conversions
 
-from tff_decorr.federated import loopback
-from tff_decorr.federated import netns
+from tff_decorr.worker import loopback
+from tff_decorr.worker import netns
 
 _GRPC_MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
 _GRPC_OPTIONS = [

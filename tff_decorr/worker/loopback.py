@@ -480,7 +480,7 @@ def problems(pid: int, port: int, library_path: Optional[str]) -> list[str]:
 
 
 if __name__ == '__main__':
-  # `python -m tff_decorr.federated.loopback`: build into the virtual environment (make setup);
+  # `python -m tff_decorr.worker.loopback`: build into the virtual environment (make setup);
   # nothing to do when the current source's library is there.
   venv_dir = _candidate_dirs()[0]
   built = os.path.join(venv_dir, f'{_LIBRARY_NAME}-{_digest()}.so')

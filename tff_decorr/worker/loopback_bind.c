@@ -1,4 +1,4 @@
-// Preloaded (LD_PRELOAD) into TFF's worker_binary by tff_decorr/federated/loopback.py.
+// Preloaded (LD_PRELOAD) into TFF's worker_binary by tff_decorr/worker/loopback.py.
 //
 // Why: TFF 0.87's worker_binary hard-codes its gRPC listening address as "[::]:<port>" and has no
 // flag for it, so the insecure, unauthenticated executor service (which runs any TensorFlow graph
