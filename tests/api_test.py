@@ -25,8 +25,6 @@ from tests import testutil
 # of each kind: a flat path of before the subpackages, a path in 0.2.0's run/, and the others.
 _REMOVED_PATHS = ('tff_decorr.config', 'tff_decorr.learning', 'tff_decorr.run.config',
                   'tff_decorr.run.experiment', 'tff_decorr.federated.learning',
-                  'tff_decorr.federated', 'tff_decorr.federated.aggregation',
-                  'tff_decorr.federated.tff_context',
                   'tff_decorr.collapse.collapse_tracking', 'tff_decorr.run.tf_env',
                   'tff_decorr.configs.deprecated_flags')
 
@@ -140,6 +138,24 @@ class PublicApiTest(absltest.TestCase):
     self.assertEqual(tff_decorr.__version__, '0.3.0')
 
 
+class MovedPathsTest(absltest.TestCase):
+  """Paths moved since 0.3.0 still import, as the new module, with a warning naming it."""
+
+  def test_old_paths_are_the_new_modules_and_warn(self):
+    for old, new in (('tff_decorr.federated.aggregation', 'tff_decorr.aggregators'),
+                     ('tff_decorr.federated.tff_context', 'tff_decorr.worker.tff_context')):
+      with self.subTest(old=old):
+        script = ('import warnings, importlib; warnings.simplefilter("always"); '
+                  f'm = importlib.import_module("{old}"); n = importlib.import_module("{new}"); '
+                  'print(m is n, hasattr(m, "names") or hasattr(m, "install"))')
+        proc = subprocess.run([sys.executable, '-c', script], cwd=testutil.REPO_ROOT,
+                              capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        self.assertEqual(proc.stdout.strip(), 'True True')
+        self.assertIn(f'{old} is deprecated and will be removed in 0.4.0; import {new} instead.',
+                      proc.stderr)
+
+
 class RemovedPathsTest(absltest.TestCase):
 
   def test_old_paths_no_longer_import(self):
@@ -178,6 +194,8 @@ _LAYERS = (
     ('algorithms', ('tff_decorr.algorithms',)),
     ('aggregators', ('tff_decorr.aggregators',)),  # the registry behind --aggregator.
     ('worker', ('tff_decorr.worker',)),  # tff_context, netns, netns_bridge, loopback.
+    # Deprecated aliases of aggregators and worker.tff_context, until 0.4.0.
+    ('federated', ('tff_decorr.federated',)),
     ('runtimes', ('tff_decorr.runtimes',)),  # rounds; its faces tff_runtime, tf_runtime, learning.
     ('collapse', ('tff_decorr.collapse',)),
     ('configs', ('tff_decorr.configs',)),  # config, cli.
