@@ -59,7 +59,6 @@ def _client_exports(config: config_lib.Config) -> Callable[[dict], list]:
 
 def _already_complete(directory: run_directory.RunDirectory, finished: dict) -> dict:
   """Nothing to train, evaluate or export: said, and the results named."""
-  directory.unlock()
   path = directory.path
   directory.log(
       f'{path} is already complete: it finished its {directory.rounds} rounds (final test '
