@@ -35,7 +35,7 @@ SIZES = (10, 6, 14, 8)
 DATA = testing.synthetic_clients(sizes=SIZES)
 FN = testing.make_client_dataset_fn(DATA, batch_size=4, epochs=2)
 MODEL = functools.partial(testing.tiny_model, representation_dim=8)
-CFG = algorithms.ClientConfig(lr=0.02, momentum=0.9, weight_decay=1e-3)
+CFG = algorithms.SGDHParams(lr=0.02, momentum=0.9, weight_decay=1e-3)
 ROUNDS = [['0', '1', '3'], ['2', '0', '1']]  # partial participation; client 0 twice (its state)
 
 
@@ -187,9 +187,7 @@ class TrainWithAggregatorTest(tf.test.TestCase):
     super().setUp()
     # Each test's privacy ledgers in a folder of its own (they are kept by the data, in the
     # user's data folder: the tests share the digits data).
-    patcher = mock.patch.dict(os.environ, {'XDG_DATA_HOME': tempfile.mkdtemp()})
-    patcher.start()
-    self.addCleanup(patcher.stop)
+    testutil.isolated_data_home(self.create_tempdir().full_path, self.addCleanup)
 
   def test_dp_reports_epsilon_its_assumptions_and_every_release_on_the_data(self):
     out = tempfile.mkdtemp()

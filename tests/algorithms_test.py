@@ -31,7 +31,7 @@ from tff_decorr.runtimes import tf_runtime
 
 DATA = testing.synthetic_clients()  # sizes 10, 6, 14, 8 -> 3, 2, 4, 2 batches of 4
 SIZES = [len(d[1]) for d in DATA]
-CFG = algorithms.ClientConfig(lr=0.05, momentum=0.9, weight_decay=1e-3)
+CFG = algorithms.SGDHParams(lr=0.05, momentum=0.9, weight_decay=1e-3)
 EPOCHS = 2  # Local epochs: part of each client's dataset.
 # Two clients holding the same images under different labels: their updates pull apart, so the
 # mean of their squared norms exceeds twice the squared norm of their average (FedExP extrapolates).
@@ -95,7 +95,7 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     cls.y = {c: run(cls.fedavg, cls.s0, [c])[0]['weights'] for c in '0123'}
 
   def test_fedavg_one_client_equals_hand_written_torch_style_sgd(self):
-    cfg = algorithms.ClientConfig(lr=0.1, momentum=0.9, weight_decay=1e-2)
+    cfg = algorithms.SGDHParams(lr=0.1, momentum=0.9, weight_decay=1e-2)
     alg = algorithms.build('fedavg', testing.tiny_model, cfg)
     got = run(alg, alg.initial_server_state(self.x0), ['2'], epochs=1)[0]['weights']
     # Independent loop: Keras gradients, NumPy update rule of torch.optim.SGD.
@@ -538,7 +538,7 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     # One batch per client (batch 16 >= every client's size), one epoch: the algorithm term of the
     # only step is mu * l_con at the start weights, recomputed here in NumPy from the three models'
     # representations (local in training mode, global and previous in inference mode).
-    cfg = algorithms.ClientConfig(lr=0.05, momentum=0.9, weight_decay=1e-3)
+    cfg = algorithms.SGDHParams(lr=0.05, momentum=0.9, weight_decay=1e-3)
     mu = 0.7
     alg = algorithms.build('moon', testing.tiny_model, cfg, mu=mu, temperature=temperature)
     rt = tf_runtime.TfRuntime(alg, testing.make_client_dataset_fn(DATA, batch_size=16))
@@ -701,7 +701,7 @@ class AlgorithmsTest(tf.test.TestCase, parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, 'form'):
       algorithms.build('fedavgm', testing.tiny_model, form='nesterov')
     with self.assertRaisesRegex(ValueError, 'momentum'):
-      algorithms.ClientConfig(momentum=1.0)
+      algorithms.SGDHParams(momentum=1.0)
     with self.assertRaisesRegex(ValueError, 'client_states'):
       runtime(self.fedavg).run_round(self.s0, [('0', 0)], [])
 
@@ -714,7 +714,7 @@ class ClientSideTest(tf.test.TestCase, parameterized.TestCase):
   unequal numbers; batches of 4, two local epochs, momentum 0.9: several steps, buffers used."""
 
   LABELS = np.array([0, 1, 0, 0, 1, 0, 0, 1, 0, 0], np.int32)  # 7 x class 0, 3 x class 1
-  CFG = algorithms.ClientConfig(lr=0.05, momentum=0.9, weight_decay=1e-3)
+  CFG = algorithms.SGDHParams(lr=0.05, momentum=0.9, weight_decay=1e-3)
   EPOCHS = 2
 
   @classmethod
@@ -1004,7 +1004,7 @@ class ConvexTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(('momentum_0.9', 0.9, 0.1), ('momentum_0', 0.0, 0.5))
   def test_scaffold_reaches_the_optimum_with_bounded_control_variates(self, momentum, lr):
-    cfg = algorithms.ClientConfig(lr=lr, momentum=momentum, weight_decay=self.WD)
+    cfg = algorithms.SGDHParams(lr=lr, momentum=momentum, weight_decay=self.WD)
     _, fedavg_gap, _, _ = self.train('fedavg', cfg)
     theta, gap, states, norms = self.train('scaffold', cfg, num_clients=2)
     # FedAvg stalls at a drifted point (the problem is heterogeneous enough to show it) ...

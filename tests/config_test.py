@@ -376,7 +376,7 @@ class ConfigTest(absltest.TestCase):
     self.assertEqual(c.hparams['fedprox'].mu, 0.25)
     self.assertIsInstance(c.component_hparams('partition'), partitions.hparams_class('dirichlet'))
     self.assertEqual(c.client_optimizer,
-                     algorithms.ClientConfig(lr=0.05, momentum=0.5, weight_decay=0.0))
+                     algorithms.SGDHParams(lr=0.05, momentum=0.5, weight_decay=0.0))
     # config.json's plain form round-trips to equal typed objects; a hand-edited bad value is
     # refused when the Config is made, naming the flag.
     self.assertEqual(config.from_dict(c.to_dict()), c)

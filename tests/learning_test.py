@@ -84,7 +84,7 @@ class WrapperTest(tf.test.TestCase):
     fn = FN
     # Project: FedAvg + FedDecorr, plain SGD (momentum 0, weight decay 0), in-process runtime.
     alg = algorithms.build('fedavg', dict_model,
-                           algorithms.ClientConfig(lr=lr, momentum=0.0,
+                           algorithms.SGDHParams(lr=lr, momentum=0.0,
                                                    weight_decay=0.0),
                            regularizer=regularizers.get('feddecorr', beta=beta))
     runtime = tf_runtime.TfRuntime(alg, fn)
@@ -156,7 +156,7 @@ def base_state():
 
 
 BN_MODEL = functools.partial(testing.tiny_model, representation_dim=8)
-CFG = algorithms.ClientConfig(lr=0.02, momentum=0.9, weight_decay=1e-3)
+CFG = algorithms.SGDHParams(lr=0.02, momentum=0.9, weight_decay=1e-3)
 
 
 def wide_model(seed: int = 0) -> tf.keras.Model:
@@ -184,7 +184,7 @@ class ProcessAggregationTest(tf.test.TestCase):
     cls.runtime = tf_runtime.TfRuntime(cls.alg, FN2)
 
   def _process_weights(self, factory, rounds):
-    process = learning.build_process('fedavg', BN_MODEL, FN2, config=CFG,
+    process = learning.build_process('fedavg', BN_MODEL, FN2, optimizer=CFG,
                                      model_aggregator=factory)
     state = process.initialize()
     for clients in rounds:
@@ -226,7 +226,7 @@ class ProcessAggregationTest(tf.test.TestCase):
     self.assertEqual(metrics['aggregator']['measurements']['dp_epsilon'], np.inf)  # no noise
 
   def test_compression_shrinks_the_bytes_sent(self):
-    process = learning.build_process('fedavg', wide_model, FN2, config=CFG,
+    process = learning.build_process('fedavg', wide_model, FN2, optimizer=CFG,
                                      representation_layer='fc',
                                      model_aggregator=tff.learning.compression_aggregator())
     out = process.next(process.initialize(), ['0', '1'])
@@ -284,7 +284,7 @@ class TrainModelTest(tf.test.TestCase):
     hparams = {'fedavgm': {'server_momentum': 0.5}, 'fedprox': {'mu': 0.01}}
     for name in learning.process_algorithms():
       with self.subTest(name):
-        process = learning.build_process(name, BN_MODEL, FN, config=CFG, client_ids=CLIENTS,
+        process = learning.build_process(name, BN_MODEL, FN, optimizer=CFG, client_ids=CLIENTS,
                                          **hparams.get(name, {}))
         straight, resumed = tempfile.mkdtemp(), tempfile.mkdtemp()
         metrics, models = self._train(process, straight, 2)

@@ -21,8 +21,6 @@ import dataclasses
 import math
 import os
 import shutil
-import tempfile
-from unittest import mock
 
 from absl.testing import absltest
 import numpy as np
@@ -34,6 +32,7 @@ from tff_decorr import aggregators
 from tff_decorr.worker import tff_context
 from tff_decorr.configs import config
 from tff_decorr.run import training
+from tests import testutil
 
 RUNTIMES = ('tff', 'tf')
 CHANCE = 0.1  # digits: 10 balanced classes
@@ -68,16 +67,15 @@ def settings(algorithm, aggregator, runtime, cache_dir):
                               dict(SMALLEST, cache_dir=cache_dir), DP_SETTINGS)
 
 
-class MatrixTest(absltest.TestCase):
+class MatrixTest(testutil.ClassTempDir, absltest.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.tmp = tempfile.mkdtemp()
+    cls.addClassCleanup(tff_context.stop_all)
     cls.cache = os.path.join(cls.tmp, 'cache')
     # The DP cells' privacy ledger in the test's folder, not the user's data folder.
-    cls.data_home = mock.patch.dict(os.environ, {'XDG_DATA_HOME': os.path.join(cls.tmp, 'data')})
-    cls.data_home.start()
+    testutil.isolated_data_home(os.path.join(cls.tmp, 'data'), cls.addClassCleanup)
     cls.cells = {}  # (algorithm, aggregator, runtime) -> Config, or the ValueError refusing it
     for alg in algorithms.names():
       for agg in aggregators.names():
@@ -101,13 +99,6 @@ class MatrixTest(absltest.TestCase):
       finally:
         tff_context.stop_all()
         shutil.rmtree(out, ignore_errors=True)
-
-  @classmethod
-  def tearDownClass(cls):
-    cls.data_home.stop()
-    tff_context.stop_all()
-    shutil.rmtree(cls.tmp, ignore_errors=True)
-    super().tearDownClass()
 
   def refused(self, alg, agg, rt) -> bool:
     return isinstance(self.cells[alg, agg, rt], ValueError)

@@ -85,10 +85,8 @@ class _IsolatedDataHome(absltest.TestCase):
     super().setUp()
     self.tmp = tempfile.mkdtemp()
     self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
-    self.data_home = os.path.join(self.tmp, 'data_home')
-    patcher = mock.patch.dict(os.environ, {'XDG_DATA_HOME': self.data_home})
-    patcher.start()
-    self.addCleanup(patcher.stop)
+    self.data_home = testutil.isolated_data_home(os.path.join(self.tmp, 'data_home'),
+                                                 self.addCleanup)
 
   def assertClose(self, got, want):  # pylint: disable=invalid-name
     self.assertLessEqual(abs(got - want), 1e-9 * abs(want), f'{got} != {want}')

@@ -65,7 +65,7 @@ ALG_DATA = os.path.join(DATA, 'algorithms')
 # As tests/reference_equivalence_test.py (a test module is not a dependency of another under
 # Bazel, so the few helpers are repeated here): the reference's CIFAR-10 normalisation, its client
 # SGD, its batch size.
-CONFIG = client_update.ClientConfig(lr=0.01, momentum=0.9, weight_decay=1e-5)
+CONFIG = client_update.SGDHParams(lr=0.01, momentum=0.9, weight_decay=1e-5)
 BATCH = 32
 BN_MOMENTUM = 0.9  # PyTorch's momentum 0.1: s <- 0.9 s + 0.1 batch statistic.
 TOL = 1e-7
@@ -471,7 +471,7 @@ class PaperTest(parameterized.TestCase):
     With momentum rho (not in the paper) the project divides by a_K lr instead of K lr,
     a_K = (K - rho (1 - rho^K) / (1 - rho)) / (1 - rho) (docs/algorithms.md), written here from
     that formula; rho = 0 is the paper exactly."""
-    cfg = client_update.ClientConfig(lr=0.1, momentum=momentum, weight_decay=1e-3)
+    cfg = client_update.SGDHParams(lr=0.1, momentum=momentum, weight_decay=1e-3)
     data = _clients((10, 6, 14, 8), seed=0)
     alg, runtime, server = self._runtime('scaffold', data, cfg, num_clients=4, server_lr=0.8)
     model = _dense_bn_model()
@@ -508,7 +508,7 @@ class PaperTest(parameterized.TestCase):
     (gamma, beta, moving mean and variance) and trains from the global other weights with them;
     the server averages only the non-BN weights. The clients hold equal numbers of examples, where
     the paper's mean over clients and the project's example-weighted mean (FedAvg's) coincide."""
-    cfg = client_update.ClientConfig(lr=0.1, momentum=0.9, weight_decay=1e-3)
+    cfg = client_update.SGDHParams(lr=0.1, momentum=0.9, weight_decay=1e-3)
     data = _clients((12, 12, 12), seed=1)
     alg, runtime, server = self._runtime('fedbn', data, cfg)
     model = _dense_bn_model()

@@ -41,7 +41,7 @@ from tff_decorr.runtimes import tf_runtime
 
 DATA = os.path.join(os.path.dirname(os.path.realpath(__file__)), 'testdata', 'reference')
 MODELS = {'resnet20': 'resnet20', 'mobilenetv2': 'mobilenet_v2_cifar'}
-CONFIG = client_update.ClientConfig(lr=0.01, momentum=0.9, weight_decay=1e-5)
+CONFIG = client_update.SGDHParams(lr=0.01, momentum=0.9, weight_decay=1e-5)
 BATCH = 32
 CLIENT_SIZES = (97, 64, 30)
 

@@ -56,7 +56,7 @@ from tff_decorr.runtimes import tf_runtime
 
 DATA = os.path.join(os.path.dirname(os.path.realpath(__file__)), 'testdata', 'reference')
 ALG_DATA = os.path.join(DATA, 'algorithms')
-CONFIG = client_update.ClientConfig(lr=0.01, momentum=0.9, weight_decay=1e-5)
+CONFIG = client_update.SGDHParams(lr=0.01, momentum=0.9, weight_decay=1e-5)
 BATCH = 32
 TOL = 1e-7
 VAR_TOL = 3e-2

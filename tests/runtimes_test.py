@@ -22,7 +22,7 @@ DATA = testing.synthetic_clients()
 # lr 0.02 and an 8-d representation: FedDecorr divides by sqrt(var + 1e-8), and with a 4-d ReLU
 # representation some batches have a nearly constant column; then a 1e-7 change of the initial
 # weights moves SCAFFOLD's result by 3e-2 (measured), and no two runtimes could agree.
-CFG = algorithms.ClientConfig(lr=0.02, momentum=0.9, weight_decay=1e-3)
+CFG = algorithms.SGDHParams(lr=0.02, momentum=0.9, weight_decay=1e-3)
 HPARAMS = {'scaffold': {'num_clients': 4}, 'fedavgm': {'server_momentum': 0.5},
            'fedavg_decomposed': {'coefficient_period': 2}, 'moon': {'temperature': 0.5}}
 ROUNDS = [['0', '1'], ['1', '2', '3']]  # client '1' twice: its client state must carry over

@@ -30,7 +30,7 @@ from tff_decorr.algorithms import testing
 from tff_decorr.runtimes import tf_runtime
 from tff_decorr.runtimes import tff_runtime
 
-_CFG = algorithms.ClientConfig(lr=0.02, momentum=0.9, weight_decay=1e-3)
+_CFG = algorithms.SGDHParams(lr=0.02, momentum=0.9, weight_decay=1e-3)
 _DATASET_SCANS = {'ReduceDataset', 'ScanDataset'}
 
 

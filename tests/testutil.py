@@ -1,5 +1,5 @@
 """Helpers shared by the tests: where the repository and the shared test data are, a class's
-temporary folder (ClassTempDir), worker processes to connect to."""
+temporary folder (ClassTempDir), an isolated privacy ledger (isolated_data_home), worker processes to connect to."""
 
 import contextlib
 import ipaddress
@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from unittest import mock
 
 import psutil
 
@@ -29,6 +30,16 @@ class ClassTempDir:
     super().setUpClass()
     cls.tmp = tempfile.mkdtemp(prefix=f'{cls.__name__}_')
     cls.addClassCleanup(shutil.rmtree, cls.tmp, ignore_errors=True)
+
+
+def isolated_data_home(folder: str, add_cleanup) -> str:
+  """Points XDG_DATA_HOME, where the privacy ledger lives (run_files/privacy_ledger), at `folder`
+  until the cleanups of `add_cleanup` (a TestCase's addCleanup, or addClassCleanup) run: the DP
+  tests' ledgers stay out of the user's data folder and out of each other's. Returns `folder`."""
+  patcher = mock.patch.dict(os.environ, {'XDG_DATA_HOME': folder})
+  patcher.start()
+  add_cleanup(patcher.stop)
+  return folder
 
 
 def shared_tfds_dir() -> str | None:

@@ -51,7 +51,7 @@ _ROUND_PROGRAM = textwrap.dedent('''
     from tff_decorr.worker import tff_context
     from tff_decorr.runtimes import tff_runtime
     tff_context.install(without_namespace='--without_namespace' in sys.argv)
-    alg = algorithms.build('fedavg', testing.tiny_model, algorithms.ClientConfig(lr=0.05))
+    alg = algorithms.build('fedavg', testing.tiny_model, algorithms.SGDHParams(lr=0.05))
     runtime = tff_runtime.TffRuntime(alg, testing.make_client_dataset_fn(
         testing.synthetic_clients()))
     state = runtime.initialize()

@@ -39,7 +39,7 @@ FLAGS = flags.FLAGS
 _ROOT = _common.ROOT
 _DATA = os.path.join(_ROOT, 'tests', 'testdata', 'reference')
 _MODELS = {'resnet20': 'resnet20', 'mobilenetv2': 'mobilenet_v2_cifar'}
-_CONFIG = client_update.ClientConfig(lr=0.01, momentum=0.9, weight_decay=1e-5)
+_CONFIG = client_update.SGDHParams(lr=0.01, momentum=0.9, weight_decay=1e-5)
 
 flags.DEFINE_list('models', ['resnet20', 'mobilenetv2'], 'Fixture models.')
 flags.DEFINE_list('mobilenet_steps', ['1', '10'], 'Steps for MobileNetV2 (100 takes minutes).')

@@ -153,7 +153,7 @@ class ProcessRunner:
   """One LearningProcess variant, with _common.Runner's `step()` contract so _common.alternate,
   summarize and report take it unchanged.
 
-  Built from the baseline's Experiment (same model, initial weights, ClientConfig, regulariser,
+  Built from the baseline's Experiment (same model, initial weights, SGDHParams, regulariser,
   client shards, seed) and run in the TFF context the baseline's runtime installed: process.next
   called directly needs the synchronous context, not learning.install_program_context's."""
 
@@ -164,7 +164,7 @@ class ProcessRunner:
     c = exp.config
     self.config = c
     self.process = learning.build_process(
-        'fedavg', exp.model_fn, exp.client_dataset_fn, config=exp.algorithm.config,
+        'fedavg', exp.model_fn, exp.client_dataset_fn, optimizer=exp.algorithm.optimizer,
         regularizer=exp.regularizer, client_ids=[str(i) for i in range(c.num_clients)],
         model_aggregator=model_aggregator, seed=c.seed,
         initial_weights=exp.algorithm.initial_weights())

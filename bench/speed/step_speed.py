@@ -133,7 +133,7 @@ def _algorithm(name):
   reg = regularizers.get('feddecorr', beta=FLAGS.beta) if FLAGS.beta > 0 else None
   tf.keras.utils.set_random_seed(0)
   return algorithms.build('fedavg', _model_fn(name),
-                          algorithms.ClientConfig(lr=0.01, momentum=0.9,
+                          algorithms.SGDHParams(lr=0.01, momentum=0.9,
                                                   weight_decay=1e-5), regularizer=reg)
 
 
@@ -500,7 +500,7 @@ def run_perturbation_mode():
   x_tr, x_te, y_tr = norm(x_tr), norm(x_te), tf.constant(y_tr, tf.int32)
   batch, checkpoints = 32, (1, 2, 5, 10, 20, 45, 90, 225)  # 45 steps = one epoch
   dataset = tf.data.Dataset.from_tensor_slices((x_tr, y_tr)).repeat().batch(batch)
-  config = algorithms.ClientConfig(lr=0.01, momentum=0.9, weight_decay=1e-5)
+  config = algorithms.SGDHParams(lr=0.01, momentum=0.9, weight_decay=1e-5)
   model_fn = lambda: models.build('small_cnn', num_classes=10, input_shape=task.input_shape)
   tf.keras.utils.set_random_seed(3)
   w0 = [v.numpy() for v in model_fn().weights]

@@ -1,6 +1,6 @@
 """Federated algorithms written once as TF functions (see docs/algorithms.md).
 
-`build(name, model_fn, config=ClientConfig(...), regularizer=None, hparams=None)` returns a
+`build(name, model_fn, optimizer=SGDHParams(...), regularizer=None, hparams=None)` returns a
 `base.Algorithm`; the runtimes (tff_decorr.runtimes) execute it. Each algorithm declares its
 hyper-parameters once, as `<Algorithm>.HParams` (a frozen dataclass, tff_decorr.hparams); a new
 algorithm is one module plus one `register(...)` line here (docs/DESIGN.md, "Adding an
@@ -26,7 +26,8 @@ from tff_decorr.algorithms import fedrs
 from tff_decorr.algorithms import fedsam
 from tff_decorr.algorithms import moon
 from tff_decorr.algorithms import scaffold
-from tff_decorr.algorithms.client_update import ClientConfig
+from tff_decorr.algorithms import client_update
+from tff_decorr.algorithms.client_update import SGDHParams
 
 _REGISTRY = {}
 
@@ -102,7 +103,7 @@ def hparams_class(name: str) -> type:
 
 
 # Seven parameters: the algorithm, its model and client settings, then run facts some need.
-def build(name: str, model_fn: Callable, config: ClientConfig = ClientConfig(),
+def build(name: str, model_fn: Callable, optimizer: SGDHParams = SGDHParams(),
           regularizer: Optional[Callable] = None, hparams=None, *,
           num_clients: Optional[int] = None, local_epochs: int = 1,
           **values) -> base.Algorithm:
@@ -112,7 +113,8 @@ def build(name: str, model_fn: Callable, config: ClientConfig = ClientConfig(),
     name: a name in `names()`.
     model_fn: no-arg callable returning a Keras model with the project's dict outputs
       ({'representation', 'logits'}; `runtimes.learning.as_dict_model` wraps a plain one).
-    config: the client optimiser (`ClientConfig`: lr, momentum, weight_decay).
+    optimizer: the client optimiser's settings (`SGDHParams`: lr, momentum, weight_decay; the
+      keyword `config`, its name before 0.4.0, still works with a DeprecationWarning).
     regularizer: fn(representation, logits) -> scalar added to the client loss (a
       `regularizers.get(...)`), or None.
     hparams: an instance of the algorithm's HParams, or None.
@@ -130,6 +132,7 @@ def build(name: str, model_fn: Callable, config: ClientConfig = ClientConfig(),
       its flag), both `hparams` and keywords, or num_clients missing where it is needed.
   """
   cls = algorithm_class(name)
+  optimizer = client_update.optimizer_argument(optimizer, values, 'build')
   if values:
     if hparams is not None:
       raise ValueError('build: give hparams or keyword hyper-parameters, not both.')
@@ -137,7 +140,7 @@ def build(name: str, model_fn: Callable, config: ClientConfig = ClientConfig(),
   kwargs = {'num_clients': num_clients} if num_clients is not None or cls.needs_num_clients else {}
   if cls.needs_local_epochs:
     kwargs['local_epochs'] = local_epochs
-  return cls(model_fn, config, regularizer, hparams, **kwargs)
+  return cls(model_fn, optimizer, regularizer, hparams, **kwargs)
 
 
 for _cls in (fedavg.FedAvg, fedprox.FedProx, fedavgm.FedAvgM, fedbn.FedBN, moon.Moon,
@@ -147,3 +150,10 @@ for _cls in (fedlc.FedLC, fedrs.FedRS, fedsam.FedSAM,  # the reference's other b
              fedopt.FedAdagrad, fedopt.FedAdam, fedopt.FedYogi, fedexp.FedExp):
   register(_cls)
 NAMES = names()  # The built-in algorithms (registered ones added later appear in names()).
+
+
+def __getattr__(name: str):
+  """ClientConfig, SGDHParams' name before 0.4.0 (client_update's, with its DeprecationWarning)."""
+  if name == 'ClientConfig':
+    return client_update.__getattr__(name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

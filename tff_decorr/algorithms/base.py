@@ -18,6 +18,7 @@ the weighting of every algorithm is visible in its own code.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -26,7 +27,7 @@ import tensorflow as tf
 from tff_decorr import hparams as hparams_lib
 from tff_decorr.algorithms import client_update
 from tff_decorr.algorithms import workspace
-from tff_decorr.algorithms.client_update import ClientConfig
+from tff_decorr.algorithms.client_update import SGDHParams
 from tff_decorr.algorithms.workspace import ModelSpec, Workspace
 
 NO_CLIENT_STATE = np.int32(0)
@@ -85,14 +86,14 @@ class Algorithm:
   # validated there, turned into --<name>_<field> flags by bin/train.
   HParams = hparams_lib.NoHParams
 
-  def __init__(self, model_fn: Callable[[], tf.keras.Model], config: ClientConfig = ClientConfig(),
+  def __init__(self, model_fn: Callable[[], tf.keras.Model], optimizer: SGDHParams = SGDHParams(),
                regularizer: Optional[client_update.RegularizerFn] = None,
                hparams: Optional[hparams_lib.HParams] = None, *,
                num_clients: Optional[int] = None, local_epochs: int = 1):
     if not callable(model_fn):
       raise ValueError('model_fn must be a callable returning a Keras model with dict outputs.')
-    if not isinstance(config, ClientConfig):
-      raise ValueError(f'config must be a ClientConfig, got {type(config).__name__}.')
+    if not isinstance(optimizer, SGDHParams):
+      raise ValueError(f'optimizer must be an SGDHParams, got {type(optimizer).__name__}.')
     if regularizer is not None and not callable(regularizer):
       raise ValueError('regularizer must be None or a callable (representation, logits) -> scalar.')
     hparams = self.HParams() if hparams is None else hparams
@@ -100,7 +101,7 @@ class Algorithm:
       raise ValueError(f'hparams of {self.name} must be a {self.HParams.__name__}, got '
                        f'{type(hparams).__name__}.')
     self.model_fn = model_fn
-    self.config = config
+    self.optimizer = optimizer
     self.regularizer = regularizer
     self.hparams = hparams
     self.num_clients = num_clients  # Total clients N; only SCAFFOLD needs it.
@@ -112,6 +113,14 @@ class Algorithm:
     model = model_fn()
     self.spec: ModelSpec = workspace.model_spec(model)
     self._initial_weights = [v.numpy() for v in model.weights]
+
+  @property
+  def config(self) -> SGDHParams:
+    """`optimizer`'s name before 0.4.0 (a DeprecationWarning)."""
+    warnings.warn('Algorithm.config is deprecated and will be removed in 0.4.0; it is '
+                  'Algorithm.optimizer, the client optimiser\'s settings.', DeprecationWarning,
+                  stacklevel=2)
+    return self.optimizer
 
   # ---- state ----
   def initial_weights(self) -> list:
@@ -267,7 +276,7 @@ class Algorithm:
   def _train(self, ws, start_weights, dataset, **hooks):
     """Local training with the run's optimiser and regulariser; `hooks`: client_update.LocalHooks'
     fields (extra_loss, grad_correction, logit_adjustment, sam_rho)."""
-    return client_update.local_train(ws, start_weights, dataset, self.config, self.regularizer,
+    return client_update.local_train(ws, start_weights, dataset, self.optimizer, self.regularizer,
                                      client_update.LocalHooks(**hooks))
 
 

@@ -22,6 +22,7 @@ matches.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Callable, ClassVar, List, NamedTuple, Optional, Sequence
 
 import tensorflow as tf
@@ -44,7 +45,7 @@ METRIC_NAMES = ('loss_sum', 'ce_sum', 'reg_sum', 'extra_sum', 'correct', 'exampl
 
 
 @dataclasses.dataclass(frozen=True)
-class ClientConfig(hparams.HParams):
+class SGDHParams(hparams.HParams):
   """The client optimiser: the reference's per-client SGD (coupled L2, PyTorch-style momentum).
 
   A component every run has, declared like every component's settings (tff_decorr.hparams): one
@@ -69,6 +70,33 @@ class ClientConfig(hparams.HParams):
                                   minimum=0.0, maximum=1.0, max_exclusive=True)
   weight_decay: float = hparams.field(1e-5, 'Client L2 weight decay, PyTorch-style (coupled: '
                                       'g += wd w).', minimum=0.0)
+
+
+def optimizer_argument(optimizer: SGDHParams, keywords: dict, where: str) -> SGDHParams:
+  """`optimizer`, or the settings given as `config=`, the keyword's name before 0.4.0 (taken out of
+  `keywords`, a builder's **keywords, with a DeprecationWarning).
+
+  Raises:
+    ValueError: both `config` and an `optimizer` other than the default were given.
+  """
+  if 'config' not in keywords:
+    return optimizer
+  warnings.warn(f'{where}(config=...) is deprecated and will be removed in 0.4.0; the client '
+                'optimiser\'s settings are the keyword optimizer=.', DeprecationWarning,
+                stacklevel=3)
+  config = keywords.pop('config')
+  if optimizer != SGDHParams():
+    raise ValueError(f'{where}: give optimizer= or its old name config=, not both.')
+  return config
+
+
+def __getattr__(name: str):
+  """ClientConfig, SGDHParams' name before 0.4.0, with a DeprecationWarning."""
+  if name == 'ClientConfig':
+    warnings.warn('ClientConfig is deprecated and will be removed in 0.4.0; it is SGDHParams, '
+                  'the client optimiser\'s settings.', DeprecationWarning, stacklevel=2)
+    return SGDHParams
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
 def effective_steps(num_steps: tf.Tensor, momentum: float, dtype=tf.float32) -> tf.Tensor:
@@ -123,7 +151,7 @@ class _Pass(NamedTuple):
 
 
 def local_train(ws: Workspace, start_weights: Sequence[tf.Tensor], dataset: tf.data.Dataset,
-                config: ClientConfig, regularizer: Optional[RegularizerFn] = None,
+                optimizer: SGDHParams, regularizer: Optional[RegularizerFn] = None,
                 hooks: Optional[LocalHooks] = None) -> LocalResult:
   """Local SGD exactly as the reference's client (call inside a tf.function).
 
@@ -136,7 +164,7 @@ def local_train(ws: Workspace, start_weights: Sequence[tf.Tensor], dataset: tf.d
     ws: the workspace (model and momentum buffers) to train in.
     start_weights: the flat weights to start from, `ws.weights` order.
     dataset: (images, labels) batches of every local epoch, in order.
-    config: the client optimiser.
+    optimizer: the client optimiser's settings.
     regularizer: (representation, logits) -> scalar added to the loss, or None.
     hooks: the algorithm's changes to the step (None: the reference's plain step).
 
@@ -147,7 +175,7 @@ def local_train(ws: Workspace, start_weights: Sequence[tf.Tensor], dataset: tf.d
   Workspace.assign(ws.weights, start_weights)
   for b in ws.momentum:
     b.assign(tf.zeros_like(b))
-  train_step = _train_step_fn(ws, config, regularizer, hooks or LocalHooks())
+  train_step = _train_step_fn(ws, optimizer, regularizer, hooks or LocalHooks())
   zero = tf.constant(0.0, tf.float32)
   loss_sum, ce_sum, reg_sum, extra_sum, correct, examples = zero, zero, zero, zero, zero, zero
   steps = tf.constant(0, tf.int32)
@@ -168,7 +196,7 @@ def local_train(ws: Workspace, start_weights: Sequence[tf.Tensor], dataset: tf.d
   return LocalResult([tf.identity(v) for v in ws.weights], examples, steps, metrics)
 
 
-def _train_step_fn(ws: Workspace, config: ClientConfig, regularizer: Optional[RegularizerFn],
+def _train_step_fn(ws: Workspace, optimizer: SGDHParams, regularizer: Optional[RegularizerFn],
                    hooks: LocalHooks):
   """One SGD step on a batch, (images, labels) -> its metric increments (loss, ce, reg, extra,
   correct, examples; float32).
@@ -189,7 +217,7 @@ def _train_step_fn(ws: Workspace, config: ClientConfig, regularizer: Optional[Re
           ws, grads, sam, lambda: _forward_backward(ws, images, labels, regularizer, hooks).grads)
     if hooks.grad_correction is not None:
       grads = hooks.grad_correction(grads)
-    _sgd_step(ws, grads, config)
+    _sgd_step(ws, grads, optimizer)
     return _step_metrics(at_w, labels)
 
   return train_step
@@ -233,11 +261,12 @@ def _sam_gradients(ws: Workspace, grads: list, rho: float, gradients_at_w: Calla
   return grads
 
 
-def _sgd_step(ws: Workspace, grads: list, config: ClientConfig) -> None:
+def _sgd_step(ws: Workspace, grads: list, optimizer: SGDHParams) -> None:
   """PyTorch's SGD step: g += wd w; buf = momentum buf + g; w -= lr buf."""
   # Python floats, made into constants of each variable's own type (a float32 0.01 cast to
   # float64 would differ from 0.01 by 2e-8, which the float64 equivalence test would see).
-  lr, mom, wd = float(config.lr), float(config.momentum), float(config.weight_decay)
+  lr, mom, wd = (float(optimizer.lr), float(optimizer.momentum),
+                 float(optimizer.weight_decay))
   for v, g, buf in zip(ws.trainable, grads, ws.momentum):
     if g is None:  # Unused variable: PyTorch skips parameters whose .grad is None.
       continue

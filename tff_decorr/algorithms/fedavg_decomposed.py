@@ -44,8 +44,8 @@ class FedAvgDecomposed(fedavg.FedAvg):
   # of a delta (tff.aggregators) cannot express: the plain sum only.
   upload = None
 
-  def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None, hparams=None, **kw):
-    super().__init__(model_fn, config, regularizer, hparams, **kw)
+  def __init__(self, model_fn, optimizer=base.SGDHParams(), regularizer=None, hparams=None, **kw):
+    super().__init__(model_fn, optimizer, regularizer, hparams, **kw)
     coefficient_period = self.hparams.coefficient_period
     self.coef_mask = tuple(COEFFICIENTS in n for n in self.spec.names)
     if not any(self.coef_mask):

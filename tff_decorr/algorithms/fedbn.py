@@ -21,8 +21,8 @@ class FedBN(fedavg.FedAvg):
   name = 'fedbn'
   stateful = True  # Its BN variables.
 
-  def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None, hparams=None, **kw):
-    super().__init__(model_fn, config, regularizer, hparams, **kw)
+  def __init__(self, model_fn, optimizer=base.SGDHParams(), regularizer=None, hparams=None, **kw):
+    super().__init__(model_fn, optimizer, regularizer, hparams, **kw)
     if not any(self.spec.batchnorm):
       raise ValueError('FedBN needs a model with BatchNormalization layers; this model has none '
                        '(use --algorithm=fedavg).')

@@ -40,7 +40,7 @@ class FedNova(base.Algorithm):
     n = res.num_examples
     # a_i in each weight's own float type, and the upload n_i a_i in the model's (float64 in the
     # reference equivalence tests, where a float32 tau_eff would be 4e-7 off in small BN biases).
-    a = {dt: client_update.effective_steps(res.num_steps, self.config.momentum, dt)
+    a = {dt: client_update.effective_steps(res.num_steps, self.optimizer.momentum, dt)
          for dt in {w.dtype for w in res.weights}}
     a_dtype = res.weights[0].dtype
     # Trainable: normalised by a_i. Non-trainable (BN statistics): the plain difference, so that

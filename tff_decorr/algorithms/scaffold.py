@@ -57,12 +57,12 @@ class Scaffold(base.Algorithm):
                      'mean)')
   HParams = ScaffoldHParams
 
-  def __init__(self, model_fn, config=base.ClientConfig(), regularizer=None, hparams=None, *,
+  def __init__(self, model_fn, optimizer=base.SGDHParams(), regularizer=None, hparams=None, *,
                num_clients: int):
     if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
       raise ValueError(f'num_clients (total clients N, for c += |S|/N avg dc) must be an integer '
                        f'>= 1, got {num_clients!r}.')
-    super().__init__(model_fn, config, regularizer, hparams, num_clients=int(num_clients))
+    super().__init__(model_fn, optimizer, regularizer, hparams, num_clients=int(num_clients))
 
   @property
   def server_lr(self) -> float:
@@ -93,8 +93,8 @@ class Scaffold(base.Algorithm):
     x_tr = [w for w, t in zip(x, self.spec.trainable) if t]
     y_tr = [w for w, t in zip(res.weights, self.spec.trainable) if t]
     # a_K lr in each weight's own float type (float64 in the reference equivalence tests).
-    k_lr = {dt: client_update.effective_steps(res.num_steps, self.config.momentum, dt)
-            * tf.constant(float(self.config.lr), dt) for dt in {w.dtype for w in y_tr}}
+    k_lr = {dt: client_update.effective_steps(res.num_steps, self.optimizer.momentum, dt)
+            * tf.constant(float(self.optimizer.lr), dt) for dt in {w.dtype for w in y_tr}}
     new_ci = [tf.where(k_lr[yj.dtype] > 0,
                        cij - cj + (xj - yj) / tf.maximum(k_lr[yj.dtype], 1e-30), cij)
               for cij, cj, xj, yj in zip(ci, c, x_tr, y_tr)]

@@ -248,7 +248,7 @@ def define_train_flags(fv) -> list:
   flags.DEFINE_integer('local_epochs', None, f'Local epochs per round ({_T}).', **d)
   flags.DEFINE_integer('batch_size', None, f'Client batch size ({_T}).', **d)
   # The client optimiser's flags (--client_lr, --momentum, --weight_decay) from its one
-  # declaration, algorithms.ClientConfig (the run's 'sgd' component).
+  # declaration, algorithms.SGDHParams (the run's 'sgd' component).
   for spec in table['client']:
     flags.DEFINE_float(spec['name'], None, f'{spec["help"].rstrip(".")} ({_T}).', **d)
   flags.DEFINE_integer('seed', 0, 'Seed of partition, initial model, sampling and augmentation.',
@@ -264,8 +264,8 @@ def define_train_flags(fv) -> list:
                     'small_cnn).', **d)
   flags.DEFINE_enum('precision', 'float32', table['precisions'], 'float32, or '
                     'mixed_bfloat16: every layer computes in bfloat16 and the weights stay float32 '
-                    '(0.70x the CPU time of a ResNet20 run on a CPU with bfloat16 '
-                    'instructions; results differ from float32 as rounding does).', **d)
+                    '(faster on a GPU or a CPU with bfloat16 instructions: docs/benchmarks.md; '
+                    'results differ from float32 as rounding does).', **d)
   flags.DEFINE_enum('runtime', 'auto', ['auto', 'tff', 'tf'], 'auto: tf, or tff with --workers or '
                     'an --aggregator factory (which only TFF\'s runtime runs); tff: TFF C++ '
                     'runtime (CPU, remote workers); tf: the same TF functions in this process '

@@ -5,7 +5,7 @@ algorithm, regulariser, partition and aggregator, and the client optimiser every
 reference's SGD, 'sgd'), each own their settings, declared once as a frozen dataclass in their
 module (tff_decorr.hparams); `Config.hparams` holds the run's components' complete, validated
 settings by component name, as those typed objects (`FedProx.HParams(mu=0.001)`,
-`ClientConfig(lr=0.01, ...)`, ...); config.json holds their plain form, e.g.
+`SGDHParams(lr=0.01, ...)`, ...); config.json holds their plain form, e.g.
 `{'fedprox': {'mu': 0.001}, 'dirichlet': {'alpha': 0.5}, 'mean': {}, 'sgd': {'lr': 0.01, ...}}`.
 The client optimiser's flags keep the names they had as generic settings (`--client_lr`,
 `--momentum`, `--weight_decay`), and so do the keys of a task's defaults that set them.
@@ -29,7 +29,7 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, TYPE_CHECKING
 
 if TYPE_CHECKING:  # Imported lazily below: they import TensorFlow, config stays cheap to import.
-  from tff_decorr.algorithms.client_update import ClientConfig
+  from tff_decorr.algorithms.client_update import SGDHParams
   from tff_decorr.hparams import HParams
 
 RUNTIMES = ('tff', 'tf')
@@ -155,7 +155,7 @@ class Config:
     return value
 
   @property
-  def client_optimizer(self) -> 'ClientConfig':
+  def client_optimizer(self) -> 'SGDHParams':
     """The client optimiser's settings (the reference's SGD), `hparams['sgd']`."""
     return self.component_hparams('client_optimizer')
 
@@ -183,7 +183,7 @@ def hparams_class(kind: str, name: str) -> type:
   if kind == 'client_optimizer':
     # Imported here: client_update imports TensorFlow, and config must stay cheap to import.
     from tff_decorr.algorithms import client_update  # pylint: disable=g-import-not-at-top
-    return client_update.ClientConfig
+    return client_update.SGDHParams
   return registry(kind).hparams_class(name)
 
 

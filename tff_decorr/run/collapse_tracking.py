@@ -16,18 +16,17 @@ import numpy as np
 from tff_decorr.collapse import analysis
 
 
-def tracker(exp, evaluator, test_dataset, eval_every: int, rounds: int,
+def tracker(exp, evaluator, test_dataset,
             max_examples: Optional[int] = 10000) -> Callable[[int, object], dict]:
-  """Returns an `on_round_end(round, server_state) -> metrics` hook (`round_loop.RoundHooks`).
+  """Returns an `on_evaluated(round, server_state) -> metrics` hook (`round_loop.RoundHooks`):
+  the round loop calls it for the rounds it evaluates (every --eval_every rounds, and the last).
 
   It reuses the evaluator's Keras model, whose weights the evaluation of the same round has just
-  set to the global model's (the program evaluates before calling this hook).
+  set to the global model's (the loop evaluates before calling this hook).
   """
   out_dir = os.path.join(exp.config.output_dir, 'collapse')
 
-  def on_round_end(round_num: int, server_state) -> dict:
-    if round_num % max(eval_every, 1) and round_num != rounds:
-      return {}
+  def on_evaluated(round_num: int, server_state) -> dict:
     weights = exp.algorithm.global_weights(server_state)
     from tff_decorr.run_files import export  # pylint: disable=g-import-not-at-top
     export.set_weights(evaluator.model, weights)
@@ -39,7 +38,7 @@ def tracker(exp, evaluator, test_dataset, eval_every: int, rounds: int,
     return {'effective_rank': float(analysis.effective_rank(sv)),
             'num_significant_sv': float(analysis.num_significant(sv))}
 
-  return on_round_end
+  return on_evaluated
 
 
 class LocalModels:
@@ -54,13 +53,13 @@ class LocalModels:
   """
 
   # Seven parameters: the run's parts the tracker reads, then its two options.
-  def __init__(self, exp, evaluator, test_dataset, clients, rounds, track: bool = False,
+  def __init__(self, exp, evaluator, test_dataset, clients, save_rounds, track: bool = False,
                max_examples: Optional[int] = 10000):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tff_decorr.algorithms.workspace import Workspace  # pylint: disable=g-import-not-at-top
     self.exp, self.evaluator, self.test_dataset = exp, evaluator, test_dataset
     self.clients = {str(c) for c in clients}
-    self.rounds = set(int(r) for r in rounds)
+    self.save_rounds = set(int(r) for r in save_rounds)
     self.track = track
     # Only tracking reads the evaluator's model (the local model's spectrum); saving alone leaves
     # the round loop free to evaluate the global model while the next round trains.
@@ -75,7 +74,7 @@ class LocalModels:
     tf = self._tf
     wanted = [(i, cid, seed) for i, (cid, seed) in enumerate(client_inputs)
               if (cid in self.clients or (self.track and i == 0))]
-    if not wanted or not (round_num in self.rounds or self.track):
+    if not wanted or not (round_num in self.save_rounds or self.track):
       return {}
     to_t = lambda s: tf.nest.map_structure(tf.convert_to_tensor, s)
     broadcast = self._broadcast(to_t(server_state))
@@ -84,7 +83,7 @@ class LocalModels:
       dataset = self.exp.client_dataset_fn(tf.constant(cid), tf.constant(seed, tf.int64))
       self._step(broadcast, dataset, to_t(client_states[i]))
       local = [v.numpy() for v in self.ws.model.weights]
-      if cid in self.clients and round_num in self.rounds:
+      if cid in self.clients and round_num in self.save_rounds:
         path = os.path.join(self.exp.config.output_dir, 'local_models', f'round_{round_num}',
                             f'client_{cid}')
         self.exp.export(local, path)

@@ -90,6 +90,9 @@ class RoundHooks:
     export: (weights, directory, extra metadata or None) -> writes a SavedModel there. A
       personalised algorithm also exports each client's own model (personalized.client_export_dir).
     on_round_end: optional (round, server_state) -> metrics dict, called when a round is committed.
+    on_evaluated: optional (round, server_state) -> metrics dict, called when a round the loop
+      evaluated (every `eval_every` rounds, and the last) is committed, after that evaluation:
+      it may read the evaluator's model, which holds the round's global weights.
     before_round: optional (round, server_state, client_inputs, client_states) -> metrics dict,
       called before the round runs (e.g. to reproduce and save chosen clients' local models).
     check_clients: optional (client ids) -> None, raising with a clear message when a sampled
@@ -98,6 +101,7 @@ class RoundHooks:
   evaluate: Callable[[Any, int], dict]
   export: Callable[[list, str, Optional[dict]], None]
   on_round_end: Optional[Callable[[int, Any], Optional[dict]]] = None
+  on_evaluated: Optional[Callable[[int, Any], Optional[dict]]] = None
   before_round: Optional[Callable[..., Optional[dict]]] = None
   check_clients: Optional[Callable[[Sequence[str]], None]] = None
 
@@ -106,7 +110,7 @@ class RoundHooks:
     or the round's state with it. A before_round hook that does not may say so
     (`shares_evaluator = False`: collapse_tracking.LocalModels when it only saves local models);
     one that does not say is taken to share it."""
-    if self.on_round_end is not None:
+    if self.on_round_end is not None or self.on_evaluated is not None:
       return False
     return self.before_round is None or not getattr(self.before_round, 'shares_evaluator', True)
 
@@ -129,7 +133,7 @@ def summarize_train_metrics(m: dict) -> dict:
     if k in m:
       out[k] = float(m[k])
   # A tff.aggregators factory's measurements (--aggregator): clipping norms, dp_epsilon, ...; the
-  # server step's scalars (runtimes/rounds.py): FedExP's eta_g, the server optimisers' norms.
+  # server step's scalars (runtimes/federated_round.py): FedExP's eta_g, the server optimisers' norms.
   out.update({k: float(v) for k, v in m.items() if k.startswith(('aggregator/', 'server/'))})
   return out
 
@@ -182,9 +186,9 @@ class _RoundLoop:
     with self.timer('initialize'):
       initial_state = self.runtime.initialize()
       saved = self.dir.load(initial_state)
+    if saved is not None and int(saved['round']) > self.rounds:
+      return False  # A start through RunDirectory.finished has said so, and stopped before here.
     state = self.dir.resume(saved, initial_state)
-    if state is None:
-      return False
     self.state, self.server_state = state, state['server_state']
     if self.loop.overlap_evaluation and self.hooks.allow_overlap():
       self.evaluations = concurrent.futures.ThreadPoolExecutor(
@@ -269,11 +273,11 @@ class _RoundLoop:
   def commit(self, p: _Trained) -> None:
     """Round p's evaluation, metrics, export, checkpoint and progress line."""
     test = self._test_metrics(p)
-    if self.hooks.on_round_end is not None:
-      with self.dir.writing('collapse'):
-        extra = self.hooks.on_round_end(p.round_num, p.server_state)
-      if extra:
-        p.values.update(extra)
+    for hook, due in ((self.hooks.on_evaluated, p.evaluation is not None),
+                      (self.hooks.on_round_end, True)):
+      if hook is not None and due:
+        with self.dir.writing('collapse'):
+          p.values.update(hook(p.round_num, p.server_state) or {})
     self.dir.write_metrics(p.values, p.round_num)
     if self.loop.export_every and p.round_num % self.loop.export_every == 0:
       name = os.path.join('export', f'round_{p.round_num}')
@@ -378,17 +382,17 @@ def run(runtime, algorithm, loop: LoopConfig, directory: run_directory.RunDirect
     Interrupted: Ctrl-C; the last completed round is checkpointed.
     run_directory.CheckpointError, run_directory.DiskFullError: from the run directory.
   """
-  rounds = _RoundLoop(runtime, algorithm, loop, directory, hooks)
-  if not rounds.start():
+  loop_ = _RoundLoop(runtime, algorithm, loop, directory, hooks)
+  if not loop_.start():
     return None
   try:
-    rounds.run_rounds()
+    loop_.run_rounds()
   except KeyboardInterrupt:
     raise Interrupted(directory.checkpoint_round()) from None
   finally:
-    if rounds.evaluations is not None:
-      rounds.evaluations.shutdown(wait=True, cancel_futures=True)
-  return rounds.finish()
+    if loop_.evaluations is not None:
+      loop_.evaluations.shutdown(wait=True, cancel_futures=True)
+  return loop_.finish()
 
 
 def set_gpu_memory_growth() -> list:

@@ -39,7 +39,7 @@ def _versions() -> dict:
 def _local_model_rounds(config, save_local_models, save_local_rounds) -> list:
   """--save_local_rounds as integers, after checking --save_local_models names real clients."""
   try:
-    rounds = [int(r) for r in save_local_rounds]
+    numbers = [int(r) for r in save_local_rounds]
   except ValueError as e:
     raise ValueError(f'--save_local_rounds: {save_local_rounds} are not round '
                      'numbers.') from e
@@ -47,7 +47,7 @@ def _local_model_rounds(config, save_local_models, save_local_rounds) -> list:
   if bad:
     raise ValueError(f'--save_local_models: {bad} are not client ids (0..'
                      f'{config.num_clients - 1}).')
-  return rounds
+  return numbers
 
 
 def _client_exports(config: config_lib.Config) -> Callable[[dict], list]:
@@ -55,17 +55,6 @@ def _client_exports(config: config_lib.Config) -> Callable[[dict], list]:
   return lambda summary: ([personalized.client_export_dir(config.output_dir, cid)
                            for cid in range(config.num_clients)]
                           if 'per_client_test_accuracy' in summary else [])
-
-
-def _already_complete(directory: run_directory.RunDirectory, finished: dict) -> dict:
-  """Nothing to train, evaluate or export: said, and the results named."""
-  path = directory.path
-  directory.log(
-      f'{path} is already complete: it finished its {directory.rounds} rounds (final test '
-      f'accuracy {finished["final_test_accuracy"]:.4f}); nothing was trained or exported again. '
-      f'Its results: {directory.file("summary.json")}, metrics.csv, export/saved_model (its '
-      f'report: bin/report --run_dir={path}). To train on, give a larger --rounds.')
-  return finished
 
 
 def _precision_note(config: config_lib.Config, log) -> None:
@@ -152,8 +141,7 @@ def _round_hooks(exp: composition.Experiment, directory: run_directory.RunDirect
   if save_local_models or config.track_collapse:
     from tff_decorr.run import collapse_tracking  # pylint: disable=g-import-not-at-top
     if config.track_collapse:
-      hooks.on_round_end = collapse_tracking.tracker(exp, evaluator, test_ds, config.eval_every,
-                                                     directory.rounds)
+      hooks.on_evaluated = collapse_tracking.tracker(exp, evaluator, test_ds)
     hooks.before_round = collapse_tracking.LocalModels(exp, evaluator, test_ds, save_local_models,
                                                        local_rounds, track=config.track_collapse)
   return hooks
@@ -238,9 +226,9 @@ def _train_locked(config, directory, resumed, overwrite, save_local_models, loca
                   setup_start):
   """train() once its run directory is locked and compared."""
   log = directory.log
-  finished = directory.finished_summary(_client_exports(config)) if resumed else None
-  if finished is not None:
-    return _already_complete(directory, finished)
+  finished = directory.finished(_client_exports(config)) if resumed else None
+  if finished is not None:  # Complete, or past --rounds: said by the directory.
+    return finished.summary
   exp, runtime, resumed = _compose(config, directory, resumed, overwrite, setup_start)
   directory.write_config()
   log(('Resuming' if resumed else 'Configuration') + ' (saved to ' +
@@ -253,6 +241,4 @@ def _train_locked(config, directory, resumed, overwrite, save_local_models, loca
   started = time.time()
   summary = round_loop.run(runtime, exp.algorithm, round_loop.LoopConfig.from_config(config),
                            directory, hooks)
-  if summary is None:  # More rounds done than --rounds: nothing trained, nothing (re)written.
-    return None
   return _summarize(exp, directory, summary, ledger, save_local_models, started)

@@ -20,7 +20,7 @@ import contextlib
 import errno
 import json
 import os
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -178,6 +178,12 @@ def checkpoint_round(output_dir: str) -> int:
   return int(max(versions)) if versions else 0
 
 
+class Finished(NamedTuple):
+  """A run with nothing left to train (RunDirectory.finished): its summary.json's contents, or
+  None when it holds more rounds than --rounds asks for."""
+  summary: Optional[dict]
+
+
 class RunDirectory:
   """One run directory, from the start that prepares it to the summary that closes it.
 
@@ -223,11 +229,53 @@ class RunDirectory:
   def unlock(self, remove_if_unused: bool = False) -> None:
     run_dir.unlock(self.path, remove_if_unused=remove_if_unused)
 
-  def finished_summary(self, client_exports: Callable[[dict], list]) -> Optional[dict]:
-    """The summary.json of a run that already finished its rounds (its newest checkpoint is that
-    round's, read in full, and its summary says so) and holds its exports, else None: a run whose
-    final model or client models (`client_exports(summary)`: their directories) are missing
-    exports them again on a re-run."""
+  def finished(self, client_exports: Callable[[dict], list]) -> Optional[Finished]:
+    """Whether the run has nothing left to train, and if so says why in the log.
+
+    Asked by a start that found this configuration's run (`prepare` returned True), before anything
+    is composed or written. It is the one place that compares the run with `rounds`: the round loop
+    then trains the rounds after the newest checkpoint up to `rounds`.
+
+    Args:
+      client_exports: (summary) -> the directories of the client models a finished run exported
+        (a personalised run's), which must exist for it to be complete.
+
+    Returns:
+      Finished(summary) when the run completed its `rounds` rounds (its newest checkpoint, read in
+      full, is that round's; its summary.json says so; its exports are there): nothing is trained
+      or exported again. Finished(None) when its newest checkpoint is of a later round: nothing is
+      to be trained or written, its summary.json is left as it is. None when it trains on, or its
+      newest checkpoint is damaged (the start that follows refuses it with advice, or under
+      --overwrite moves it aside, as any other run).
+
+    Raises:
+      graph_check.UnsafeGraphError: the newest checkpoint names operations tff_decorr never writes.
+    """
+    try:
+      newest = newest_checkpoint_round(self.path)
+    except CheckpointError:
+      return None
+    if newest > self.rounds:
+      self.log(f'warning: the run already completed {newest} rounds, more than '
+               f'--rounds={self.rounds}; nothing to do (its summary.json is left as it is).')
+      return Finished(None)
+    summary = self._summary_of_round(newest)
+    if summary is None:
+      return None
+    exports = [self.file('export', 'saved_model')] + list(client_exports(summary))
+    if not all(os.path.isdir(path) for path in exports):
+      return None  # A final model or client model is missing: exported again by the re-run.
+    self.log(
+        f'{self.path} is already complete: it finished its {self.rounds} rounds (final test '
+        f'accuracy {summary["final_test_accuracy"]:.4f}); nothing was trained or exported again. '
+        f'Its results: {self.file("summary.json")}, metrics.csv, export/saved_model (its '
+        f'report: bin/report --run_dir={self.path}). To train on, give a larger --rounds.')
+    return Finished(summary)
+
+  def _summary_of_round(self, newest: int) -> Optional[dict]:
+    """summary.json's contents when it closes round `rounds` and that is the newest checkpoint."""
+    if newest != self.rounds:
+      return None
     try:
       with open(self.file('summary.json')) as f:
         summary = json.load(f)
@@ -235,16 +283,7 @@ class RunDirectory:
       return None
     if not isinstance(summary, dict) or summary.get('final_round') != self.rounds:
       return None
-    exports = [self.file('export', 'saved_model')] + list(client_exports(summary))
-    if not all(os.path.isdir(path) for path in exports):
-      return None
-    # A finished run whose checkpoint is damaged is not complete; the start that follows refuses
-    # it with advice (or, under --overwrite, moves it aside), as any other run.
-    try:
-      newest = newest_checkpoint_round(self.path)
-    except CheckpointError:
-      return None
-    return summary if newest == self.rounds else None
+    return summary
 
   def resumes(self, overwrite: bool) -> bool:
     """Whether this configuration's run resumes from a checkpoint. An unreadable newest checkpoint
@@ -284,10 +323,9 @@ class RunDirectory:
     """The newest checkpoint's program state (None: a new run); CheckpointError if unreadable."""
     return load_checkpoint(self.path, initial_server_state)
 
-  def resume(self, saved: Optional[dict], initial_server_state) -> Optional[dict]:
+  def resume(self, saved: Optional[dict], initial_server_state) -> dict:
     """The program state to continue from (`saved`, with its round's client states, or a new
-    run's), after metrics.csv is repaired up to its round. None when the run already completed
-    more rounds than `rounds`: nothing is to be trained or written."""
+    run's), after metrics.csv is repaired up to its round."""
     if saved is None:
       state = checkpoint_structure(initial_server_state)
       self.log(f'Starting a new run in {self.path}')
@@ -300,10 +338,6 @@ class RunDirectory:
             f'the client states of the checkpoint in {self.file("checkpoints")} are incomplete '
             f'({e}); {_recovery_advice(self.path)}.') from e
       self.log(f'Resuming {self.path} after round {int(state["round"])}')
-      if int(state['round']) > self.rounds:
-        self.log(f'warning: the run already completed {int(state["round"])} rounds, more than '
-                 f'--rounds={self.rounds}; nothing to do (its summary.json is left as it is).')
-        return None
     self.completed = int(state['round'])
     with self.writing('metrics.csv'):
       metrics_log.repair_metrics(self.path, self.completed, self.log)

@@ -43,10 +43,11 @@ import tensorflow_federated as tff
 from tff_decorr import algorithms
 from tff_decorr import regularizers
 from tff_decorr.algorithms import base
-from tff_decorr.algorithms.client_update import ClientConfig
+from tff_decorr.algorithms import client_update
+from tff_decorr.algorithms.client_update import SGDHParams
 from tff_decorr import aggregators
 from tff_decorr.worker import tff_context
-from tff_decorr.runtimes import rounds
+from tff_decorr.runtimes import federated_round
 from tff_decorr.runtimes import tff_runtime
 
 
@@ -351,7 +352,7 @@ def _checked_arguments(name, model_fn, client_dataset_fn, client_ids) -> Optiona
 # Ten parameters: the public API mirrors tff.learning.algorithms' builders, one keyword per choice.
 def build_process(name: str, model_fn: Callable[[], tf.keras.Model],
                   client_dataset_fn: Callable[[tf.Tensor, tf.Tensor], tf.data.Dataset], *,
-                  config: ClientConfig = ClientConfig(),
+                  optimizer: SGDHParams = SGDHParams(),
                   regularizer: RegularizerArg = 'feddecorr',
                   client_ids: Optional[Sequence[str]] = None,
                   model_aggregator: Optional[tff.aggregators.AggregationFactory] = None,
@@ -384,8 +385,9 @@ def build_process(name: str, model_fn: Callable[[], tf.keras.Model],
     client_dataset_fn: (client_id tf.string, seed tf.int64) -> batched (x, y) tf.data.Dataset,
       built from TF ops inside the function (it is traced into a TFF computation: data made
       outside it must be NumPy arrays or files, not tensors).
-    config: local SGD (ClientConfig: lr, momentum, weight_decay; local epochs are
-      part of the client dataset).
+    optimizer: local SGD's settings (SGDHParams: lr, momentum, weight_decay; local epochs are
+      part of the client dataset). The keyword `config`, its name before 0.4.0, still works with
+      a DeprecationWarning.
     regularizer: name in regularizers.names() (default coefficients), a
       `regularizers.get(name, beta=...)`, a callable, or None.
     client_ids: every client id. Required for fedbn, moon and scaffold (their per-client state).
@@ -413,6 +415,7 @@ def build_process(name: str, model_fn: Callable[[], tf.keras.Model],
     TypeError: client_dataset_fn returns something other than a tf.data.Dataset.
   """
   client_ids = _checked_arguments(name, model_fn, client_dataset_fn, client_ids)
+  optimizer = client_update.optimizer_argument(optimizer, hparams, 'build_process')
   if (algorithms.algorithm_class(name).needs_num_clients and 'num_clients' not in hparams
       and client_ids is not None):
     hparams['num_clients'] = len(client_ids)
@@ -420,7 +423,7 @@ def build_process(name: str, model_fn: Callable[[], tf.keras.Model],
     model_aggregator = tff.aggregators.MeanFactory()
   aggregators.check_factory(model_aggregator)  # Before anything is built.
   dict_model_fn = lambda: as_dict_model(model_fn(), representation_layer)
-  alg = algorithms.build(name, dict_model_fn, config, _algorithm_regularizer(regularizer),
+  alg = algorithms.build(name, dict_model_fn, optimizer, _algorithm_regularizer(regularizer),
                          **hparams)
   return _ProcessBuilder(alg, client_dataset_fn, client_ids, model_aggregator, seed,
                          initial_weights).build()
@@ -468,7 +471,7 @@ class _ProcessBuilder:
     self.client_ids = client_ids
     # The round is the runtimes' (client work, aggregation, server update); this class only
     # places it in tff.learning's state: client state in a server-held table keyed by client id.
-    self.round = rounds.Round(alg, factory, state_on_server=True, what='model_aggregator')
+    self.round = federated_round.Round(alg, factory, state_on_server=True, what='model_aggregator')
     self.seed = int(seed)
     self.stateful = alg.stateful
     weights = alg.initial_weights() if initial_weights is None else list(initial_weights)

@@ -1,4 +1,4 @@
-"""In-process runtime: a `rounds.Round`'s client work called for each sampled client in this
+"""In-process runtime: a `federated_round.Round`'s client work called for each sampled client in this
 Python process, `concurrency` clients at a time.
 
 No algorithm math lives here: this module builds client workspaces, calls the Round's client work
@@ -36,7 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_decorr.algorithms import base
-from tff_decorr.runtimes import rounds
+from tff_decorr.runtimes import federated_round
 
 ClientDatasetFn = Callable[[tf.Tensor, tf.Tensor], tf.data.Dataset]
 
@@ -123,7 +123,7 @@ class TfRuntime:
     self.algorithm = algorithm
     self.client_dataset_fn = client_dataset_fn
     self.concurrency = int(concurrency)
-    self.round = rounds.Round(algorithm)
+    self.round = federated_round.Round(algorithm)
     self._steps = []  # One tf.function per workspace, built as concurrency needs them.
     self._add_step()
     self._server_update = tf.function(self.round.server_update_with_metrics)
@@ -251,5 +251,5 @@ class TfRuntime:
       new_states.append(state)
     new_server_state, server_metrics = self._server_update(
         _to_tensors(server_state), summed['update'], summed['exact'], summed['weight'])
-    metrics = {**_to_numpy(summed['metrics']), **rounds.flat_server_metrics(server_metrics)}
+    metrics = {**_to_numpy(summed['metrics']), **federated_round.flat_server_metrics(server_metrics)}
     return _to_numpy(new_server_state), new_states, metrics

@@ -1,4 +1,4 @@
-"""TFF runtime: a `rounds.Round` as a `tff.templates.IterativeProcess`.
+"""TFF runtime: a `federated_round.Round` as a `tff.templates.IterativeProcess`.
 
 `next(state, client_inputs, client_states)` is a `tff.federated_computation`:
   state         <algorithm=its server state, aggregator=the aggregation process's state>@SERVER
@@ -10,7 +10,7 @@ aggregator=the aggregator's measurements, server=the server step's scalars>@SERV
 Each client's dataset is built INSIDE the client computation from (client_id, seed) by
 `client_dataset_fn`, so datasets never cross into the runtime as serialized arrays (100 MB cap,
 re-serialised every round: docs/reference.md §8). What clients compute, what is aggregated and
-how the server updates is the Round's (tff_decorr/runtimes/rounds.py); this module only places
+how the server updates is the Round's (tff_decorr/runtimes/federated_round.py); this module only places
 it: client state stays CLIENTS-placed, where a deployed client would keep it. No algorithm math
 lives here.
 
@@ -30,7 +30,7 @@ import tensorflow_federated as tff
 
 from tff_decorr import aggregators
 from tff_decorr.algorithms import base
-from tff_decorr.runtimes import rounds
+from tff_decorr.runtimes import federated_round
 
 CLIENT_INPUT_TYPE = tff.StructType([('client_id', np.str_), ('seed', np.int64)])
 
@@ -61,7 +61,7 @@ def _checked_initial_state(algorithm, client_dataset_fn, initial_weights):
   return weights, init_server
 
 
-def _server_computation(round_: rounds.Round, server_state_type, out_type):
+def _server_computation(round_: federated_round.Round, server_state_type, out_type):
   """(server state, aggregate, exact, total weight) -> <state, metrics> of the server update."""
 
   @tff.tensorflow.computation(server_state_type, out_type['update'], out_type['exact'],
@@ -79,16 +79,16 @@ def build_process(algorithm: base.Algorithm,
                   initial_weights: Optional[Sequence[np.ndarray]] = None,
                   aggregator: Optional[tff.aggregators.AggregationFactory] = None
                   ) -> tff.templates.IterativeProcess:
-  """The IterativeProcess of `rounds.Round(algorithm, aggregator)`.
+  """The IterativeProcess of `federated_round.Round(algorithm, aggregator)`.
 
   `initial_weights` default: algorithm.initial_weights(). `aggregator`: None, the algorithm's
   own weighted sum; or a tff.aggregators factory.
   State: <algorithm=the algorithm's server state, aggregator=the aggregation process's state (empty
   for the plain sum)>; metrics: <train=summed client metrics, aggregator=its measurements,
-  server=the algorithm's server_metrics (rounds.Round.server_update_with_metrics)>.
+  server=the algorithm's server_metrics (federated_round.Round.server_update_with_metrics)>.
   """
   weights, init_server = _checked_initial_state(algorithm, client_dataset_fn, initial_weights)
-  round_ = rounds.Round(algorithm, aggregator)
+  round_ = federated_round.Round(algorithm, aggregator)
   init_client = algorithm.initial_client_state(weights)
 
   @tff.tensorflow.computation
@@ -187,7 +187,7 @@ class TffRuntime:
         algorithm={k: v for k, v in server_state.items() if k != AGGREGATOR_KEY},
         aggregator=aggregator_state)
     new_state, new_client_states, out = self.process.next(state, inputs, list(client_states))
-    metrics = {**out['train'], **rounds.flat_server_metrics(out['server'])}
+    metrics = {**out['train'], **federated_round.flat_server_metrics(out['server'])}
     if not self.aggregated:
       return dict(new_state['algorithm']), list(new_client_states), metrics
     # Bytes as the aggregator's wire format sends them (compression: its encoded tensors); the
