@@ -55,8 +55,8 @@ def train_final_accuracy(config) -> tuple:
   """Trains `config` as bin/train does (resuming an interrupted run; a finished one is read back):
   (its final test accuracy as a fraction, ''), or (0.0, why) when training stopped on a non-finite
   value, so a diverged cell scores below every trained one and says so."""
-  from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
+  from tff_decorr.program import round_loop  # pylint: disable=g-import-not-at-top
+  from tff_decorr.program import training  # pylint: disable=g-import-not-at-top
   try:
     summary = training.train(config, log=lambda s: None)
   except round_loop.NonFiniteError as e:
@@ -95,13 +95,14 @@ def cache_dir() -> str:
 class Runner:
   """One variant: its Experiment, runtime, server state and client states; `step()` times a round.
 
-  Rounds sample clients exactly as tff_decorr.run.round_loop.run does (sample_clients, client_seed),
-  so each variant sees the same clients, data order and augmentation in the same round."""
+  Rounds sample clients exactly as tff_decorr.program.round_loop.train_rounds does (sample_clients,
+  client_seed), so each variant sees the same clients, data order and augmentation in the same
+  round."""
 
   def __init__(self, config):
-    from tff_decorr.run import composition  # pylint: disable=g-import-not-at-top
-    from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
-    self.exp = composition.Experiment(config, log=lambda s: None)
+    from tff_decorr.program import experiment  # pylint: disable=g-import-not-at-top
+    from tff_decorr.program import round_loop  # pylint: disable=g-import-not-at-top
+    self.exp = experiment.Experiment(config, log=lambda s: None)
     self.exp.prepare_client_data()
     self.runtime = self.exp.runtime()
     self.state = self.runtime.initialize()

@@ -30,7 +30,7 @@ from tff_decorr import tf_env
 from tff_decorr.configs import cli
 from tff_decorr.run_files import run_dir
 
-personalized = lazy.lazy_module('tff_decorr.run.personalized')
+personalized = lazy.lazy_module('tff_decorr.program.personalized')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 FLAGS = flags.FLAGS

@@ -6,7 +6,7 @@ r"""Shows how a task's train split is divided among clients: the clients x class
 Prints the matrix and writes a heatmap PNG (the picture FL papers show). The partition is the one
 bin/train trains on for the same flags: the settings are resolved as bin/train resolves them (an
 explicit flag > the task's default > the partition's own default: cifar10's Dirichlet alpha is
-0.05) and split by the same function (tff_decorr.run.composition.client_partition), with the same
+0.05) and split by the same function (tff_decorr.program.experiment.client_partition), with the same
 seed and clients.
 """
 
@@ -79,12 +79,12 @@ def partition_counts(config, data_dir):
   """
   from tff_decorr.tasks import registry  # pylint: disable=g-import-not-at-top
   from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import composition  # pylint: disable=g-import-not-at-top
+  from tff_decorr.program import experiment  # pylint: disable=g-import-not-at-top
   task = registry.get(config.task)
   _, labels, domains = task.load_split('train', data_dir)
   if config.partition == 'domain' and domains is None:
     raise ValueError(f'--partition=domain: task {config.task} has no domains.')
-  parts = composition.client_partition(config, task, labels, domains)
+  parts = experiment.client_partition(config, task, labels, domains)
   return partitions.class_count_matrix(labels, parts, task.num_classes), task
 
 

@@ -13,7 +13,7 @@ algorithm, regulariser and partition has its own flags, `--<component>_<setting>
 the setting it declares (tff_decorr.hparams): `--fedprox_mu`, `--moon_temperature`,
 `--feddecorr_beta`, `--dirichlet_alpha`, ... (`--helpfull` lists them; `--help` lists the generic
 ones). This file only parses flags and reports errors: the training program is
-`tff_decorr.run.training.train`.
+`tff_decorr.program.training.train`.
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ def main(argv):
 def run(fv: flags.FlagValues) -> int:
   """Trains every configuration the flags name, then prints the results."""
   from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import phases  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
+  from tff_decorr.program import phases  # pylint: disable=g-import-not-at-top
+  from tff_decorr.program import training  # pylint: disable=g-import-not-at-top
   tff_context.set_without_namespace(fv.worker_without_namespace)
   configs = resolve_configs(fv)
   from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top

@@ -25,7 +25,7 @@ from tff_decorr import algorithms
 from tff_decorr.configs import config
 from tff_decorr import regularizers
 from tff_decorr.worker import tff_context
-from tff_decorr.run import training
+from tff_decorr.program import training
 from tff_decorr.run_files import metrics_log
 from tff_decorr.algorithms import testing
 from tff_decorr.runtimes import tf_runtime

@@ -23,8 +23,8 @@ from tff_decorr.algorithms import testing
 from tff_decorr.algorithms import workspace
 from tff_decorr.worker import tff_context
 from tff_decorr.configs import config
-from tff_decorr.run import composition
-from tff_decorr.run import training
+from tff_decorr.program import experiment
+from tff_decorr.program import training
 from tff_decorr.run_files import metrics_log
 from tff_decorr.run_files import run_directory
 from tff_decorr.runtimes import tf_runtime
@@ -851,7 +851,7 @@ def train_digits(name, rounds, tmp, **settings):
     tff_context.stop_all()
   with open(os.path.join(c.output_dir, 'metrics.csv')) as f:
     rows = list(csv.DictReader(f))
-  alg = composition.Experiment(c, log=lambda s: None).algorithm
+  alg = experiment.Experiment(c, log=lambda s: None).algorithm
   saved = run_directory.load_checkpoint(c.output_dir,
                                         alg.initial_server_state(alg.initial_weights()))
   return summary, rows, saved['server_state'], alg
@@ -1100,7 +1100,7 @@ class ServerMetricsTest(tf.test.TestCase):
       rows = list(csv.DictReader(f))
     # pylint: disable=protected-access
     tb = metrics_log._tensorboard_rows(os.path.join(c.output_dir, 'tensorboard'), [1, 2])
-    alg = composition.Experiment(c, log=lambda s: None).algorithm
+    alg = experiment.Experiment(c, log=lambda s: None).algorithm
     structure = run_directory.checkpoint_structure(alg.initial_server_state(alg.initial_weights()))
     # pylint: enable=protected-access
     manager = run_directory.checkpoint_manager(c.output_dir)

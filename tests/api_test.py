@@ -143,17 +143,45 @@ class MovedPathsTest(absltest.TestCase):
 
   def test_old_paths_are_the_new_modules_and_warn(self):
     for old, new in (('tff_decorr.federated.aggregation', 'tff_decorr.aggregators'),
-                     ('tff_decorr.federated.tff_context', 'tff_decorr.worker.tff_context')):
+                     ('tff_decorr.federated.tff_context', 'tff_decorr.worker.tff_context'),
+                     ('tff_decorr.run.training', 'tff_decorr.program.training'),
+                     ('tff_decorr.run.composition', 'tff_decorr.program.experiment'),
+                     ('tff_decorr.run.round_loop', 'tff_decorr.program.round_loop')):
       with self.subTest(old=old):
         script = ('import warnings, importlib; warnings.simplefilter("always"); '
                   f'm = importlib.import_module("{old}"); n = importlib.import_module("{new}"); '
-                  'print(m is n, hasattr(m, "names") or hasattr(m, "install"))')
+                  'print(m is n, any(hasattr(m, a) for a in ("names", "install", "train", '
+                  '"Experiment", "LoopConfig")))')
         proc = subprocess.run([sys.executable, '-c', script], cwd=testutil.REPO_ROOT,
                               capture_output=True, text=True, timeout=300)
         self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
         self.assertEqual(proc.stdout.strip(), 'True True')
         self.assertIn(f'{old} is deprecated and will be removed in 0.4.0; import {new} instead.',
                       proc.stderr)
+
+
+  def test_old_names_are_the_new_ones_and_warn(self):
+    script = textwrap.dedent('''
+        import warnings
+        warnings.simplefilter('always')
+        from tff_decorr import algorithms
+        from tff_decorr.algorithms import client_update, testing
+        from tff_decorr.program import round_loop
+        opt = client_update.SGDHParams(lr=0.05)
+        alg = algorithms.build('fedavg', testing.tiny_model, config=opt)
+        print(algorithms.ClientConfig is client_update.SGDHParams, alg.optimizer is opt,
+              alg.config is opt, round_loop.run is round_loop.train_rounds)
+        ''')
+    proc = subprocess.run([sys.executable, '-c', script], cwd=testutil.REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+    self.assertEqual(proc.stdout.strip(), 'True True True True')
+    for message in ('algorithms.ClientConfig is deprecated and will be removed in 0.4.0; it is '
+                    'algorithms.SGDHParams',
+                    'build(config=...) is deprecated and will be removed in 0.4.0',
+                    'Algorithm.config is deprecated and will be removed in 0.4.0',
+                    'round_loop.run is deprecated and will be removed in 0.4.0'):
+      self.assertIn(message, proc.stderr)
 
 
 class RemovedPathsTest(absltest.TestCase):
@@ -189,18 +217,21 @@ _LAYERS = (
     # tasks/, imported as tff_decorr.tasks (docs/DESIGN.md, "Packaging"): datasets only, below all.
     ('tasks', ('tff_decorr.tasks',)),
     ('base', ('tff_decorr.hparams', 'tff_decorr.tf_env', 'tff_decorr.regularizers',
-              'tff_decorr.partitions', 'tff_decorr.data_options', 'tff_decorr.lazy')),
+              'tff_decorr.partitions', 'tff_decorr.data_options', 'tff_decorr.lazy',
+              'tff_decorr._moved')),
     ('models', ('tff_decorr.models',)),
     ('algorithms', ('tff_decorr.algorithms',)),
     ('aggregators', ('tff_decorr.aggregators',)),  # the registry behind --aggregator.
     ('worker', ('tff_decorr.worker',)),  # tff_context, netns, netns_bridge, loopback.
     # Deprecated aliases of aggregators and worker.tff_context, until 0.4.0.
     ('federated', ('tff_decorr.federated',)),
-    ('runtimes', ('tff_decorr.runtimes',)),  # rounds; its faces tff_runtime, tf_runtime, learning.
+    ('runtimes', ('tff_decorr.runtimes',)),  # federated_round; tff_runtime, tf_runtime, learning.
     ('collapse', ('tff_decorr.collapse',)),
     ('configs', ('tff_decorr.configs',)),  # config, cli.
     ('run_files', ('tff_decorr.run_files',)),  # run_dir, checkpoint_files, export, ...
-    ('run', ('tff_decorr.run',)),  # training, composition, round_loop, ...
+    ('program', ('tff_decorr.program',)),  # training, experiment, round_loop, ...
+    # Deprecated aliases of the program's modules (tff_decorr.run.*), until 0.4.0.
+    ('run', ('tff_decorr.run',)),
     ('studies', ('tff_decorr.studies',)),  # study, report, run_spectra.
     # tff_decorr/__init__.py alone (no module under it): tff_decorr.train is run.training's.
     ('package', ('tff_decorr',)),
@@ -241,7 +272,7 @@ def _layer(dotted):
 
 
 def _module_name(path):
-  """tff_decorr/run/training.py -> tff_decorr.run.training; a package's __init__.py -> the
+  """tff_decorr/program/training.py -> tff_decorr.program.training; a package's __init__.py -> the
   package."""
   parts = os.path.relpath(path, testutil.REPO_ROOT)[:-len('.py')].split(os.sep)
   return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
@@ -335,14 +366,14 @@ class LayersTest(absltest.TestCase):
               'from tff_decorr.lazy import lazy_submodules\n'
               'from tff_decorr import lazy_submodules\n'
               'def f():\n'
-              '  from tff_decorr.run import training\n'
+              '  from tff_decorr.program import training\n'
               '  from tff_decorr import train\n')
     self.assertEqual(_upward_imports(path, source), [
         'tff_decorr/collapse/analysis.py:4: `from tff_decorr import lazy_submodules` goes up, from '
         'the collapse layer (tff_decorr.collapse.analysis) to the package layer (tff_decorr)',
-        'tff_decorr/collapse/analysis.py:6: `from tff_decorr.run import training` goes up, from '
-        'the collapse layer (tff_decorr.collapse.analysis) to the run layer '
-        '(tff_decorr.run.training)',
+        'tff_decorr/collapse/analysis.py:6: `from tff_decorr.program import training` goes up, '
+        'from the collapse layer (tff_decorr.collapse.analysis) to the program layer '
+        '(tff_decorr.program.training)',
         'tff_decorr/collapse/analysis.py:7: `from tff_decorr import train` goes up, from the '
         'collapse layer (tff_decorr.collapse.analysis) to the package layer (tff_decorr)',
     ])

@@ -19,7 +19,7 @@ from absl.testing import absltest
 
 from bench.accuracy import last_two_iterates
 from tff_decorr.configs import config as config_lib
-from tff_decorr.run import training
+from tff_decorr.program import training
 
 
 class LastTwoIteratesTest(absltest.TestCase):

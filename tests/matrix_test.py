@@ -31,7 +31,7 @@ from tff_decorr import algorithms
 from tff_decorr import aggregators
 from tff_decorr.worker import tff_context
 from tff_decorr.configs import config
-from tff_decorr.run import training
+from tff_decorr.program import training
 from tests import testutil
 
 RUNTIMES = ('tff', 'tf')

@@ -87,7 +87,7 @@ def build_tf1_attack(path: str, attacker_prefix: str, victim_prefix: str, loot_p
 
 def _export(path: str, model_name: str = 'small_cnn', precision_name: str = 'float32',
             variant=None, seed: int = 0, metadata=None) -> str:
-  """An export as bin/train writes it (composition.Experiment.export), of a freshly built model."""
+  """An export as bin/train writes it (experiment.Experiment.export), of a freshly built model."""
   kwargs = dict(variant or {})
   model_fn = lambda: precision.build(
       lambda: models.build(model_name, num_classes=3, input_shape=(8, 8, 3), **kwargs),

@@ -20,7 +20,7 @@ from tests import testutil
 from tff_decorr.worker import tff_context
 from tff_decorr.configs import config
 from tff_decorr.run_files import privacy_ledger
-from tff_decorr.run import training
+from tff_decorr.program import training
 
 # Lines that are no release: (what, line). Each was a KeyError or TypeError in 0.2.0's reader.
 _MALFORMED = [

@@ -1,8 +1,9 @@
 """Reliability of the run loop and the run directory, in-process (docs/reliability.md).
 
-The round loop (tff_decorr.run.round_loop) is driven by a stub runtime whose rounds are cheap and
-scriptable (a NaN in round k, a Ctrl-C in round k), with the real checkpoint manager, client-state
-store and run-directory code. End-to-end cases through bin/train are in reliability_cli_test.py.
+The round loop (tff_decorr.program.round_loop) is driven by a stub runtime whose rounds are cheap
+and scriptable (a NaN in round k, a Ctrl-C in round k), with the real checkpoint manager,
+client-state store and run-directory code. End-to-end cases through bin/train are in
+reliability_cli_test.py.
 """
 
 import asyncio
@@ -31,7 +32,7 @@ from tff_decorr.run_files import checkpoint_files
 from tff_decorr.configs import cli
 from tff_decorr.configs import config as config_lib
 from tff_decorr.run_files import client_state
-from tff_decorr.run import round_loop
+from tff_decorr.program import round_loop
 from tff_decorr.run_files import metrics_log
 from tff_decorr.run_files import run_dir
 from tff_decorr.run_files import run_directory
@@ -108,7 +109,7 @@ class ProgramTest(absltest.TestCase):
     hooks = round_loop.RoundHooks(evaluate=evaluate,
                                   export=lambda w, d, meta: exported.append(d),
                                   check_clients=check_clients, before_round=before_round)
-    summary = round_loop.run(runtime, StubAlgorithm(), loop, directory, hooks)
+    summary = round_loop.train_rounds(runtime, StubAlgorithm(), loop, directory, hooks)
     return summary, store
 
   def metrics_rows(self):

@@ -305,14 +305,14 @@ class FedUvBatchesTest(absltest.TestCase):
   def setUpClass(cls):
     super().setUpClass()
     from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
-    from tff_decorr.run import composition  # pylint: disable=g-import-not-at-top
+    from tff_decorr.program import experiment  # pylint: disable=g-import-not-at-top
     cache = tempfile.mkdtemp()
     cls.exps = {}
     for reg in ('feduv', 'feddecorr'):
       config = config_lib.make(task='digits', regularizer=reg, num_clients=10, dirichlet_alpha=0.5,
                                seed=0, batch_size=cls.BATCH, local_epochs=2, cache_dir=cache,
                                runtime='tf')
-      cls.exps[reg] = composition.Experiment(config, log=lambda s: None)
+      cls.exps[reg] = experiment.Experiment(config, log=lambda s: None)
       cls.exps[reg].prepare_client_data()
     cls.sizes = [len(p) for p in cls.exps['feduv'].partition]
 

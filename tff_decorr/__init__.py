@@ -1,6 +1,6 @@
 """tff_decorr: FedDecorr and its baselines on TensorFlow Federated.
 
-`tff_decorr.train(config)` runs a configuration (tff_decorr.run.training), for example
+`tff_decorr.train(config)` runs a configuration (tff_decorr.program.training), for example
 `tff_decorr.train(tff_decorr.configs.config.make(task='digits', algorithm='fedprox',
 fedprox_mu=1e-3))`.
 
@@ -8,7 +8,8 @@ Layers, lowest first (docs/DESIGN.md): components (hparams, tf_env, regularizers
 models/, algorithms/), the registry of aggregators (aggregators), TFF's worker process and its
 sandbox (worker/), the round and its runtimes, the tff.learning face among them (runtimes/),
 collapse measurement (collapse/), a run's configuration (configs/), a run directory's files
-(run_files/), the run program that writes them (run/) and studies of many runs (studies/).
+(run_files/), the training program that writes them (program/) and studies of many runs
+(studies/). "A run" is one training run and its directory (docs/DESIGN.md, "Words").
 Submodules are imported on first use, so importing the package itself does not import TensorFlow.
 """
 
@@ -56,6 +57,6 @@ _submodule = lazy_submodules(__name__)
 
 def __getattr__(name):
   if name == 'train':
-    from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
+    from tff_decorr.program import training  # pylint: disable=g-import-not-at-top
     return training.train
   return _submodule(name)

@@ -167,7 +167,7 @@ SECURE_NOTE = ('simulated: TFF 0.87\'s runtime has no secure-aggregation protoco
                'there is no cryptography and the server sees each client\'s update)')
 
 # What --aggregator=dp's epsilon assumes, and what it does not cover: said in the run's log and
-# summary.json (tff_decorr.run.training), as plainly as in docs/tff.md §4.
+# summary.json (tff_decorr.program.training), as plainly as in docs/tff.md §4.
 DP_ASSUMES = (
     'each round samples --clients_per_round of --num_clients clients uniformly without '
     'replacement, and the sample is secret',

@@ -46,7 +46,7 @@ flags.DEFINE_string('output', os.path.join(_common.ROOT, 'bench', 'results',
 def run_one(algorithm: str, alpha: float, seed: int, regularizer: str) -> dict:
   """Trains one configuration for --rounds; returns final accuracy and the loss trajectory."""
   from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import personalized  # pylint: disable=g-import-not-at-top
+  from tff_decorr.program import personalized  # pylint: disable=g-import-not-at-top
   config = config_lib.make(
       task='digits', algorithm=algorithm, regularizer=regularizer, dirichlet_alpha=alpha, seed=seed,
       rounds=FLAGS.rounds, local_epochs=FLAGS.local_epochs, runtime='tf', num_clients=10,

@@ -6,9 +6,9 @@ variances clamped at 0; average: FedAvg's weighted average), over seeds, at the 
 (bench/settings.py: ResNet20, the shared 10,000 train images, Dirichlet alpha 0.05, 10 clients all
 participating, 10 rounds x 1 local epoch, lr 0.01, momentum 0.9, weight decay 1e-5, batch 64) or on
 the embedded default (`--setting=digits`: docs/algorithms.md's command, 12 rounds, alpha 0.1). Each
-run is `tff_decorr.run.training.train` (what bin/train runs), evaluated once at the end; a run whose
-weights or loss become non-finite is reported as such, and the smallest moving variance of the final
-global model is printed (negative would be a broken model).
+run is `tff_decorr.program.training.train` (what bin/train runs), evaluated once at the end; a run
+whose weights or loss become non-finite is reported as such, and the smallest moving variance of
+the final global model is printed (negative would be a broken model).
 
   .venv/bin/python -m bench.accuracy.fedavgm_bn --setting=fidelity --seeds=1,2,3  # 3.5 min a run
 
@@ -32,8 +32,8 @@ import tensorflow as tf
 from bench import _common
 from bench import settings as bench_settings
 from tff_decorr.configs import config as config_lib
-from tff_decorr.run import round_loop
-from tff_decorr.run import training
+from tff_decorr.program import round_loop
+from tff_decorr.program import training
 
 FLAGS = flags.FLAGS
 RULES = ('ema', 'reference', 'average')

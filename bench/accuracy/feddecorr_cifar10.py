@@ -1,9 +1,9 @@
 r"""Reduced-scale accuracy on real CIFAR-10: FedAvg vs FedAvg + FedDecorr over alphas and seeds.
 
-Each run is `tff_decorr.run.training.train` (what bin/train runs) with the in-process runtime; its
-summary.json gives the final test accuracy on the full 10,000-image test split. Prints mean and std per (alpha, method) and writes
-bench/results/accuracy_<scale>.json. Runs already finished are reused (bin/train resumes), so an
-interrupted benchmark continues where it stopped.
+Each run is `tff_decorr.program.training.train` (what bin/train runs) with the in-process runtime;
+its summary.json gives the final test accuracy on the full 10,000-image test split. Prints mean and
+std per (alpha, method) and writes bench/results/accuracy_<scale>.json. Runs already finished are
+reused (bin/train resumes), so an interrupted benchmark continues where it stopped.
 
   .venv/bin/python -m bench.accuracy.feddecorr_cifar10 --data_dir=../shared/data/tfds  # CPU scale
   .venv/bin/python -m bench.accuracy.feddecorr_cifar10 --data_dir=/data/tfds --scale=paper
@@ -26,7 +26,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
 
 from bench import _common  # pylint: disable=g-import-not-at-top
 from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
-from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
+from tff_decorr.program import training  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
 _ROOT = _common.ROOT

@@ -4,8 +4,8 @@ The setting (bench/settings.py's FIDELITY: the reference's main.py with its CIFA
 hyper-parameters, scaled to a CPU): the shared CIFAR-10 (10,000 train images, official order),
 ResNet20, Dirichlet alpha 0.05 (and 0.5), 10 clients all participating, 10 rounds x 1 local epoch,
 lr 0.01, momentum 0.9, weight decay 1e-5, batch 64; FedAvg and FedAvg + FedDecorr (beta 0.1). Each
-run is `tff_decorr.run.training.train` (what bin/train runs); its summary.json gives the final test
-accuracy on the 10,000 test images.
+run is `tff_decorr.program.training.train` (what bin/train runs); its summary.json gives the final
+test accuracy on the 10,000 test images.
 
 `--inits` runs the same grid with other initialisations: `keras` is what the project used before it
 matched the reference's (Glorot-uniform), `reference` the model's default now (the reference's
@@ -63,7 +63,7 @@ from bench import settings  # pylint: disable=g-import-not-at-top
 from bench.reference import reference_main  # pylint: disable=g-import-not-at-top
 from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
 from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
-from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
+from tff_decorr.program import training  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
 _ROOT = _common.ROOT

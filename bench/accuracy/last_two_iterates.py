@@ -47,11 +47,11 @@ def global_models(run_dir: str):
   """(config, algorithm, experiment, [x_{T-1}, x_T]) of a finished run: the global weights at its
   two newest checkpoints, which must be consecutive rounds ending at the run's last."""
   from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import composition  # pylint: disable=g-import-not-at-top
+  from tff_decorr.program import experiment  # pylint: disable=g-import-not-at-top
   from tff_decorr.run_files import run_directory  # pylint: disable=g-import-not-at-top
   with open(os.path.join(run_dir, 'config.json')) as f:
     config = config_lib.from_dict(json.load(f))
-  exp = composition.Experiment(config, log=lambda s: None)
+  exp = experiment.Experiment(config, log=lambda s: None)
   alg = exp.algorithm
   structure = run_directory.checkpoint_structure(
       alg.initial_server_state(alg.initial_weights()))

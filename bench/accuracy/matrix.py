@@ -7,13 +7,13 @@ is written: `config.make` (what bin/train's flags go through) refuses it, the tr
 refuses the same combination when handed a Config that skipped validation, and the cell's output
 directory does not exist afterwards. The one-line reason is recorded.
 
-Every cell is the training program itself (`tff_decorr.run.training.train`, what bin/train runs), in
-this process, one after the other (the TFF worker of a cell is stopped before the next starts).
-What a cell needs follows from its algorithm's declared class attributes, never from a list of
-names (`requires_decomposed`: --decomposed). DP runs with a fixed clip (--dp_clip=1.0) and a small
-noise multiplier (--dp_noise_multiplier=0.01): the point is that the combination computes the
-right thing, not privacy (DP with real noise does not train at 10 clients; docs/benchmarks.md §9).
-FedBN's accuracy is its clients' own models (docs/algorithms.md, "What is evaluated").
+Every cell is the training program itself (`tff_decorr.program.training.train`, what bin/train
+runs), in this process, one after the other (the TFF worker of a cell is stopped before the next
+starts). What a cell needs follows from its algorithm's declared class attributes, never from a
+list of names (`requires_decomposed`: --decomposed). DP runs with a fixed clip (--dp_clip=1.0) and
+a small noise multiplier (--dp_noise_multiplier=0.01): the point is that the combination computes
+the right thing, not privacy (DP with real noise does not train at 10 clients; docs/benchmarks.md
+§9). FedBN's accuracy is its clients' own models (docs/algorithms.md, "What is evaluated").
 Chance on digits is 0.1.
 
   .venv/bin/python -m bench.accuracy.matrix                     # the table in docs/benchmarks.md
@@ -94,7 +94,7 @@ def unvalidated(settings: dict):
 def refused_by_program(settings: dict, out: str) -> str:
   """The training program's error for a Config that skipped validation ('' if it trained)."""
   from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
+  from tff_decorr.program import training  # pylint: disable=g-import-not-at-top
   c = dataclasses.replace(unvalidated(settings), output_dir=out)
   try:
     training.train(c, log=lambda s: None)
@@ -108,8 +108,8 @@ def refused_by_program(settings: dict, out: str) -> str:
 def run_cell(algorithm: str, aggregator: str, runtime: str, seeds, root: str) -> dict:
   from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
   from tff_decorr.worker import tff_context  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import training  # pylint: disable=g-import-not-at-top
+  from tff_decorr.program import round_loop  # pylint: disable=g-import-not-at-top
+  from tff_decorr.program import training  # pylint: disable=g-import-not-at-top
   out = os.path.join(root, f'{algorithm}-{aggregator}-{runtime}')
   try:
     config = config_lib.make(**_flag_settings(algorithm, aggregator, runtime, seeds[0]),

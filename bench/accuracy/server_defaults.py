@@ -2,8 +2,8 @@ r"""The server-side baselines' defaults chosen by measurement.
 
 On the digits command of docs/algorithms.md (10 clients all taking part, Dirichlet alpha 0.1, 12
 rounds x 2 local epochs, client SGD lr 0.01 with momentum 0.9, no regulariser, the TF runtime),
-over seeds 1, 2, 3, each cell trained by `tff_decorr.run.training.train` (what bin/train runs) and
-evaluated once at the end:
+over seeds 1, 2, 3, each cell trained by `tff_decorr.program.training.train` (what bin/train runs)
+and evaluated once at the end:
 
   fedadagrad, fedadam, fedyogi (Reddi et al. 2021; fedopt.py)
     stage 1  bn {reference, average} x server_lr {1e-3, 1e-2, 1e-1, 1} at tau 1e-3     8 cells

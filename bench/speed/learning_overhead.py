@@ -26,8 +26,8 @@ between the variants:
                        compression, secure, dp in the project's TFF runtime (bench._common.Runner
                        over config.make(aggregator=...)), with the settings above
 
-Each round samples clients with tff_decorr.run.round_loop.sample_clients, so every variant trains
-the same clients on the same shards in the same round (the LearningProcess keys each client's
+Each round samples clients with tff_decorr.program.round_loop.sample_clients, so every variant
+trains the same clients on the same shards in the same round (the LearningProcess keys each client's
 shuffle on its own stateless function of (seed, round, client id), so the order of examples inside a
 client may differ from the runtime's; the amount of work does not). The first round of each variant
 (tracing, compiling, loading into the worker) is reported separately and excluded. Then, per repeat,
@@ -159,7 +159,7 @@ class ProcessRunner:
 
   def __init__(self, base: RuntimeRunner, model_aggregator):
     from tff_decorr.runtimes import learning  # pylint: disable=g-import-not-at-top
-    from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
+    from tff_decorr.program import round_loop  # pylint: disable=g-import-not-at-top
     exp = base.exp
     c = exp.config
     self.config = c

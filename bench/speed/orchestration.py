@@ -71,7 +71,7 @@ def log_device_placement(runner) -> str:
 
 
 def child():
-  from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
+  from tff_decorr.program import round_loop  # pylint: disable=g-import-not-at-top
   round_loop.set_gpu_memory_growth()
   machine = _common.machine()
   # The TFF runner first: TFF traces Keras models inside a graph, which invalidates Keras models

@@ -72,7 +72,7 @@ def config(**kw):
 def main(argv):
   del argv
   _common.check_flags(FLAGS.variants, VARIANTS, FLAGS.repeats)
-  from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
+  from tff_decorr.program import round_loop  # pylint: disable=g-import-not-at-top
   round_loop.set_gpu_memory_growth()
   machine = _common.machine()
   names = ['fedavg'] + [v for v in FLAGS.variants if v != 'fedavg']

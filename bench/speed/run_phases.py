@@ -50,7 +50,7 @@ import numpy as np
 
 from bench import _common
 from bench import settings as bench_settings
-from tff_decorr.run import phases
+from tff_decorr.program import phases
 
 FLAGS = flags.FLAGS
 

@@ -14,7 +14,7 @@ population would shrink every client's data as the population grows, so rounds w
 comparable.)
 
 Each setting runs in a fresh subprocess through the project's training loop
-(tff_decorr.run.round_loop.run: client sampling, the per-client state store, a checkpoint every
+(tff_decorr.program.round_loop.run: client sampling, the per-client state store, a checkpoint every
 round), FedAvg + FedDecorr with small_cnn; evaluation and export are skipped, so the round time is
 the federated round plus saving the sampled clients' states. Peak RSS is the subprocess's ru_maxrss;
 under --runtime=tff the TFF worker's resident set, sampled after every round, is reported too.
@@ -63,9 +63,9 @@ def child(pop: int, out: str) -> None:
   from tff_decorr.tasks import client_data  # pylint: disable=g-import-not-at-top
   from tff_decorr.run_files import run_directory  # pylint: disable=g-import-not-at-top
   from tff_decorr.configs import config as config_lib  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import composition  # pylint: disable=g-import-not-at-top
+  from tff_decorr.program import experiment  # pylint: disable=g-import-not-at-top
   from tff_decorr import partitions  # pylint: disable=g-import-not-at-top
-  from tff_decorr.run import round_loop  # pylint: disable=g-import-not-at-top
+  from tff_decorr.program import round_loop  # pylint: disable=g-import-not-at-top
 
   k = FLAGS.examples_per_client
   config = config_lib.make(
@@ -73,7 +73,7 @@ def child(pop: int, out: str) -> None:
       algorithm='fedavg', regularizer='feddecorr', feddecorr_beta=0.1, partition='iid', num_clients=pop,
       clients_per_round=FLAGS.per_round, rounds=FLAGS.rounds, local_epochs=1, batch_size=64,
       seed=0, runtime=FLAGS.runtime, output_dir=out)
-  exp = composition.Experiment(config, log=lambda s: None)
+  exp = experiment.Experiment(config, log=lambda s: None)
   images, labels, _ = exp.task.load_split('train', config.data_dir)
   if pop * k > len(labels):
     raise ValueError(f'--populations: {pop} clients x --examples_per_client={k} is more than the '
@@ -103,7 +103,7 @@ def child(pop: int, out: str) -> None:
                                seed=0, eval_every=config.rounds)
   hooks = round_loop.RoundHooks(evaluate=lambda s, r: {}, export=lambda *args: None,
                                 on_round_end=on_round_end)
-  round_loop.run(runtime, exp.algorithm, loop, directory, hooks)
+  round_loop.train_rounds(runtime, exp.algorithm, loop, directory, hooks)
   with open(os.path.join(out, 'metrics.csv')) as f:
     metrics = list(csv.DictReader(f))
   times = [float(m['round_time_s']) for m in metrics]

@@ -124,7 +124,8 @@ def _shape(name):
 
 def _model_fn(name):
   shape, classes = _shape(name)
-  # As bin/train builds it (composition.py): float32, or bfloat16 layers with float32 weights.
+  # As bin/train builds it (program/experiment.py): float32, or bfloat16 layers with float32
+  # weights.
   return lambda: precision.build(
       lambda: models.build(name, num_classes=classes, input_shape=shape), FLAGS.precision)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional
 
+from tff_decorr import _moved
 from tff_decorr.algorithms import base
 from tff_decorr.algorithms import fedavg
 from tff_decorr.algorithms import fedavg_decomposed
@@ -152,8 +153,5 @@ for _cls in (fedlc.FedLC, fedrs.FedRS, fedsam.FedSAM,  # the reference's other b
 NAMES = names()  # The built-in algorithms (registered ones added later appear in names()).
 
 
-def __getattr__(name: str):
-  """ClientConfig, SGDHParams' name before 0.4.0 (client_update's, with its DeprecationWarning)."""
-  if name == 'ClientConfig':
-    return client_update.__getattr__(name)
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+# ClientConfig, SGDHParams' name before 0.4.0.
+__getattr__ = _moved.renamed(__name__, {'ClientConfig': 'SGDHParams'}, globals())

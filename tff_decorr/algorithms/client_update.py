@@ -27,6 +27,7 @@ from typing import Callable, ClassVar, List, NamedTuple, Optional, Sequence
 
 import tensorflow as tf
 
+from tff_decorr import _moved
 from tff_decorr import data_options
 from tff_decorr import hparams
 from tff_decorr.algorithms.workspace import Workspace
@@ -76,6 +77,14 @@ def optimizer_argument(optimizer: SGDHParams, keywords: dict, where: str) -> SGD
   """`optimizer`, or the settings given as `config=`, the keyword's name before 0.4.0 (taken out of
   `keywords`, a builder's **keywords, with a DeprecationWarning).
 
+  Args:
+    optimizer: the builder's `optimizer` argument.
+    keywords: the builder's other keywords; `config` is taken out of them.
+    where: the builder's name, for the messages.
+
+  Returns:
+    The client optimiser's settings to build with.
+
   Raises:
     ValueError: both `config` and an `optimizer` other than the default were given.
   """
@@ -90,13 +99,8 @@ def optimizer_argument(optimizer: SGDHParams, keywords: dict, where: str) -> SGD
   return config
 
 
-def __getattr__(name: str):
-  """ClientConfig, SGDHParams' name before 0.4.0, with a DeprecationWarning."""
-  if name == 'ClientConfig':
-    warnings.warn('ClientConfig is deprecated and will be removed in 0.4.0; it is SGDHParams, '
-                  'the client optimiser\'s settings.', DeprecationWarning, stacklevel=2)
-    return SGDHParams
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+# ClientConfig, SGDHParams' name before 0.4.0.
+__getattr__ = _moved.renamed(__name__, {'ClientConfig': 'SGDHParams'}, globals())
 
 
 def effective_steps(num_steps: tf.Tensor, momentum: float, dtype=tf.float32) -> tf.Tensor:

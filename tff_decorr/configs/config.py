@@ -60,7 +60,7 @@ class Config:
   """Every setting of a run. Component settings live in `hparams` (see the module docstring).
 
   Made by `make`, `resolve`, `from_dict` or bin/train's flags, which resolve and validate it; one
-  built by hand is checked by `validate` when it is trained (run/composition.py).
+  built by hand is checked by `validate` when it is trained (program/experiment.py).
 
   Args:
     task: the task's name (tasks.registry: 'digits', 'cifar10', ...).

@@ -1,5 +1,5 @@
 """Deprecated path of tff_decorr.aggregators (removed in 0.4.0)."""
 
-from tff_decorr.federated import _moved
+from tff_decorr import _moved
 
 _moved.alias(__name__, 'tff_decorr.aggregators')

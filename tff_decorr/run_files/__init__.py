@@ -7,8 +7,8 @@ per-client states (client_state), the SavedModel export and the test-set evaluat
 HParams (tensorboard_hparams) and the differential-privacy releases a run adds to the ledger
 (privacy_ledger).
 
-A layer between the configuration (tff_decorr.configs) and the run program that writes these files
-(tff_decorr.run).
+A layer between the configuration (tff_decorr.configs) and the training program that writes these
+files (tff_decorr.program).
 
 Submodules are imported on first use (tff_decorr.lazy.lazy_submodules).
 """
