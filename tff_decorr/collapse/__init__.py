@@ -1,6 +1,6 @@
 """Measuring dimensional collapse: spectra and effective rank (analysis) and their plots (plots).
-Spectra tracked during training are the run program's (tff_decorr.program.collapse_tracking, a layer
-up).
+Spectra tracked during training are the training program's
+(tff_decorr.program.collapse_tracking, a layer up).
 
 Submodules are imported on first use (tff_decorr.lazy.lazy_submodules).
 """

@@ -1,4 +1,4 @@
-"""A run's configuration, a layer below the run program: the settings and their validation
+"""A run's configuration, a layer below the training program: the settings and their validation
 (config: Config, resolve, make, reading config.json) and the command line that turns flags into
 Configs (cli: bin/train's flags, the binaries' exit codes and error handler; flag_table: those
 flags as data, read without TensorFlow).

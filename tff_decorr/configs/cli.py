@@ -112,7 +112,7 @@ EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 # How a run that started can stop, as run_guarded maps it to an exit code. Declared here, in the
 # configuration layer, and raised as the round loop's subclasses (tff_decorr.program.round_loop:
 # NonFiniteError, DiskFullError, Interrupted), so that run_guarded names them without importing
-# the run program, a layer up.
+# the training program, a layer up.
 class RunFailedError(RuntimeError):
   """The run started and stopped; its last completed round is checkpointed (EXIT_RUN_FAILED)."""
 

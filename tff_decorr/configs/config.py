@@ -358,7 +358,7 @@ def resolve(task, generic: Mapping[str, Any], components: Mapping[str, Mapping[s
 def resolve_components(task, values: Mapping[str, Any],
                        regularizers: Sequence[str]) -> Resolution:
   """Step 2 of resolve_configs: the given flags `values` ({flag: value}; names that are no
-  setting, the run program's own flags, are left out) resolved: explicit > the task's default >
+  setting, the training program's own flags, are left out) resolved: explicit > the task's default >
   the default."""
   generic, components, _ = _split_settings(values)
   return _resolve(task, generic, components, regularizers)
