@@ -167,20 +167,26 @@ class MovedPathsTest(absltest.TestCase):
         from tff_decorr import algorithms
         from tff_decorr.algorithms import client_update, testing
         from tff_decorr.program import round_loop
+        import tff_decorr.run
+        from tff_decorr.program import training
+        old_train = tff_decorr.run.training.train  # An attribute, imported on first use.
         opt = client_update.SGDHParams(lr=0.05)
         alg = algorithms.build('fedavg', testing.tiny_model, config=opt)
         print(algorithms.ClientConfig is client_update.SGDHParams, alg.optimizer is opt,
-              alg.config is opt, round_loop.run is round_loop.train_rounds)
+              alg.config is opt, round_loop.run is round_loop.train_rounds,
+              old_train is training.train)
         ''')
     proc = subprocess.run([sys.executable, '-c', script], cwd=testutil.REPO_ROOT,
                           capture_output=True, text=True, timeout=300)
     self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
-    self.assertEqual(proc.stdout.strip(), 'True True True True')
+    self.assertEqual(proc.stdout.strip(), 'True True True True True')
     for message in ('algorithms.ClientConfig is deprecated and will be removed in 0.4.0; it is '
                     'algorithms.SGDHParams',
                     'build(config=...) is deprecated and will be removed in 0.4.0',
                     'Algorithm.config is deprecated and will be removed in 0.4.0',
-                    'round_loop.run is deprecated and will be removed in 0.4.0'):
+                    'round_loop.run is deprecated and will be removed in 0.4.0',
+                    'tff_decorr.run.training is deprecated and will be removed in 0.4.0; import '
+                    'tff_decorr.program.training instead.'):
       self.assertIn(message, proc.stderr)
 
 
