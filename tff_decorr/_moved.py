@@ -4,7 +4,7 @@ a module path made an alias of its new module (alias), a name of a module served
 
 import importlib
 import sys
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 import warnings
 
 
@@ -41,5 +41,25 @@ def renamed(module: str, names: Mapping[str, str], namespace: Mapping[str, Any]
     warnings.warn(f'{short}.{name} is deprecated and will be removed in 0.4.0; it is '
                   f'{short}.{names[name]}.', DeprecationWarning, stacklevel=2)
     return namespace[names[name]]
+
+  return __getattr__
+
+
+def old_modules(package: str, names: Sequence[str]) -> Callable[[str], Any]:
+  """A deprecated package's `__getattr__`: its old modules as attributes, imported on first use
+  as before (each warns as it is imported, through `alias`).
+
+  Args:
+    package: the package's dotted path (its `__name__`).
+    names: its modules' names.
+
+  Returns:
+    The `__getattr__(name)`: the module for a name in `names`; AttributeError for any other.
+  """
+
+  def __getattr__(name: str):  # pylint: disable=invalid-name
+    if name in names:
+      return importlib.import_module(f'{package}.{name}')
+    raise AttributeError(f'module {package!r} has no attribute {name!r}')
 
   return __getattr__

@@ -6,15 +6,9 @@ one warns once, naming the new path. "run" now means one thing: one training run
 (docs/DESIGN.md, "Words").
 """
 
-import importlib as _importlib
+from tff_decorr import _moved
 
-_MODULES = ('training', 'composition', 'round_loop', 'personalized', 'phases', 'collapse_tracking')
-
-
-def __getattr__(name: str):
-  """`tff_decorr.run.training` and the other old modules as attributes, imported on first use as
-  before (each warns as it is imported); any other name, 0.2.0's removed ones among them, is an
-  AttributeError."""
-  if name in _MODULES:
-    return _importlib.import_module(f'{__name__}.{name}')
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+# tff_decorr.run.training, ...: attributes imported on first use, as before; 0.2.0's removed names
+# (tff_decorr.run.config, .experiment, .tf_env) stay AttributeErrors.
+__getattr__ = _moved.old_modules(__name__, ('training', 'composition', 'round_loop', 'personalized',
+                                            'phases', 'collapse_tracking'))
