@@ -138,6 +138,14 @@ class PublicApiTest(absltest.TestCase):
     self.assertEqual(tff_decorr.__version__, '0.3.0')
 
 
+def _run_script(test: absltest.TestCase, script: str) -> subprocess.CompletedProcess:
+  """`script` run by this Python in a fresh process from the checkout; it must exit 0."""
+  proc = subprocess.run([sys.executable, '-c', script], cwd=testutil.REPO_ROOT,
+                        capture_output=True, text=True, timeout=300)
+  test.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+  return proc
+
+
 class MovedPathsTest(absltest.TestCase):
   """Paths moved since 0.3.0 still import, as the new module, with a warning naming it."""
 
@@ -152,13 +160,10 @@ class MovedPathsTest(absltest.TestCase):
                   f'm = importlib.import_module("{old}"); n = importlib.import_module("{new}"); '
                   'print(m is n, any(hasattr(m, a) for a in ("names", "install", "train", '
                   '"Experiment", "LoopConfig")))')
-        proc = subprocess.run([sys.executable, '-c', script], cwd=testutil.REPO_ROOT,
-                              capture_output=True, text=True, timeout=300)
-        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        proc = _run_script(self, script)
         self.assertEqual(proc.stdout.strip(), 'True True')
         self.assertIn(f'{old} is deprecated and will be removed in 0.4.0; import {new} instead.',
                       proc.stderr)
-
 
   def test_old_names_are_the_new_ones_and_warn(self):
     script = textwrap.dedent('''
@@ -176,9 +181,7 @@ class MovedPathsTest(absltest.TestCase):
               alg.config is opt, round_loop.run is round_loop.train_rounds,
               old_train is training.train)
         ''')
-    proc = subprocess.run([sys.executable, '-c', script], cwd=testutil.REPO_ROOT,
-                          capture_output=True, text=True, timeout=300)
-    self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+    proc = _run_script(self, script)
     self.assertEqual(proc.stdout.strip(), 'True True True True True')
     for message in ('algorithms.ClientConfig is deprecated and will be removed in 0.4.0; it is '
                     'algorithms.SGDHParams',
@@ -202,7 +205,7 @@ class RemovedPathsTest(absltest.TestCase):
         if _is_module(parent):
           with self.assertRaises(AttributeError):
             getattr(importlib.import_module(parent), short)
-        else:  # The whole package is gone (tff_decorr.federated).
+        else:  # A package removed whole.
           with self.assertRaises(ModuleNotFoundError):
             importlib.import_module(parent)
 
@@ -210,9 +213,7 @@ class RemovedPathsTest(absltest.TestCase):
     script = ('import sys; import tff_decorr; '
               'print(sorted(m for m in ("tensorflow", "tensorflow_federated", "matplotlib") '
               'if m in sys.modules))')
-    proc = subprocess.run([sys.executable, '-c', script], cwd=testutil.REPO_ROOT,
-                          capture_output=True, text=True, timeout=300)
-    self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+    proc = _run_script(self, script)
     self.assertEqual(proc.stdout.strip(), '[]')
 
 
