@@ -50,6 +50,10 @@ class ReproductionDocsTest(absltest.TestCase):
     with open(os.path.join(_ROOT, 'docs', 'reproduction', 'alpha0.05', 'effects.md')) as f:
       self.assertEqual(f.read(), reproduction.effects_markdown(self.runs))
 
+  def test_windows_block_is_current(self):
+    self.assertEqual(_block('docs/reproduction.md', 'reproduction-windows-alpha0.05'),
+                     reproduction.windows_markdown(self.runs))
+
   def test_each_seed_has_both_methods(self):
     # The archive pairs seeds: a seed with one method finished is reported as in progress only.
     seeds = {}

@@ -1,0 +1,124 @@
+"""A longer reproduction (--rounds=50) continues the 30-round runs, and its window table.
+
+The window table is checked against means computed here by hand from the same curves and against
+scipy's paired t-test; the continuation against the files it copies and the runs it must refuse.
+"""
+
+import collections
+import json
+import os
+
+from absl import flags
+from absl.testing import absltest
+import numpy as np
+from scipy import stats
+
+from bench.accuracy import reproduction
+
+Run = collections.namedtuple('Run', 'path flags')
+
+
+def _write(path, text):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'w') as f:
+    f.write(text)
+
+
+def _curve(path, accuracies):
+  rows = ['round,test_accuracy,train_loss'] + [f'{i},{a},0.5' for i, a in enumerate(accuracies, 1)]
+  _write(os.path.join(path, 'metrics.csv'), '\n'.join(rows) + '\n')
+
+
+class WindowsTest(absltest.TestCase):
+
+  def test_window_means_and_paired_test(self):
+    tmp = self.create_tempdir().full_path
+    rng = np.random.default_rng(0)
+    curves = {}
+    runs = []
+    for seed in ('0', '1', '2'):
+      for method in reproduction.METHODS:
+        acc = rng.uniform(0.1, 0.4, size=25)
+        curves[method, seed] = acc
+        path = os.path.join(tmp, f'{method}-{seed}')
+        _curve(path, acc)
+        runs.append(Run(path, {'regularizer': method, 'seed': seed}))
+    text = reproduction.windows_markdown(runs, width=10)
+    rows = [l for l in text.splitlines() if l.startswith('| ') and l[2].isdigit()]
+    self.assertEqual([r.split(' | ')[0] for r in rows], ['| 1-10', '| 11-20', '| 21-25'])
+    for row, (lo, hi) in zip(rows, ((0, 10), (10, 20), (20, 25))):
+      base = [100 * curves['none', s][lo:hi].mean() for s in ('0', '1', '2')]
+      other = [100 * curves['feddecorr', s][lo:hi].mean() for s in ('0', '1', '2')]
+      d = np.subtract(other, base)
+      cells = row.split(' | ')
+      self.assertEqual(cells[1], f'{np.mean(base):.2f} ± {np.std(base, ddof=1):.2f}')
+      self.assertEqual(cells[3], f'{d.mean():+.2f}')
+      self.assertEqual(cells[5], f'{stats.ttest_rel(other, base).pvalue:.3f}')
+      self.assertEqual(cells[8].rstrip(' |'), ', '.join(f'{x:+.2f}' for x in d))
+
+  def test_seed_without_its_pair_is_left_out(self):
+    tmp = self.create_tempdir().full_path
+    runs = []
+    for seed, methods in (('0', reproduction.METHODS), ('1', ('none',))):
+      for method in methods:
+        _curve(os.path.join(tmp, f'{method}-{seed}'), [0.2] * 12)
+        runs.append(Run(os.path.join(tmp, f'{method}-{seed}'), {'regularizer': method,
+                                                                'seed': seed}))
+    text = reproduction.windows_markdown(runs)
+    self.assertIn('seeds 0 (n = 1)', text)
+
+
+class ContinueFromBaseTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(['reproduction_longer_test', '--rounds=50'])
+
+  def setUp(self):
+    super().setUp()
+    self.tmp = self.create_tempdir().full_path
+    self.base = os.path.join(self.tmp, 'alpha0.05', 'study')
+    cells = []
+    for seed in ('5', '6'):
+      for method in reproduction.METHODS:
+        name = f'cifar10-fedavg-{method}-s{seed}'
+        cells.append({'name': name, 'flags': {'seed': seed, 'regularizer': method}})
+        run = os.path.join(self.base, 'runs', name)
+        _write(os.path.join(run, 'checkpoints', 'round_30', 'state.npz'), f'{name} 30')
+        if seed == '5':  # Seed 6's FedAvg + FedDecorr run never finished.
+          _write(os.path.join(run, 'summary.json'), '{}')
+        elif method == 'none':
+          _write(os.path.join(run, 'summary.json'), '{}')
+    _write(os.path.join(self.base, 'study.json'), json.dumps({'cells': cells}))
+    self.runs = os.path.join(self.tmp, 'alpha0.05-r50', 'study', 'runs')
+
+  def test_names_the_longer_variant(self):
+    self.assertEqual(reproduction.variant(), 'alpha0.05-r50')
+    self.assertEqual(reproduction.base_variant(), 'alpha0.05')
+
+  def test_copies_both_runs_of_the_seed_once(self):
+    reproduction.continue_from_base('5', self.base, self.runs)
+    self.assertEqual(sorted(os.listdir(self.runs)),
+                     ['cifar10-fedavg-feddecorr-s5', 'cifar10-fedavg-none-s5'])
+    state = os.path.join(self.runs, 'cifar10-fedavg-none-s5', 'checkpoints', 'round_30',
+                         'state.npz')
+    with open(state) as f:
+      self.assertEqual(f.read(), 'cifar10-fedavg-none-s5 30')
+    _write(state, 'trained on')  # The longer study's own progress is never overwritten.
+    reproduction.continue_from_base('5', self.base, self.runs)
+    with open(state) as f:
+      self.assertEqual(f.read(), 'trained on')
+
+  def test_refuses_a_seed_whose_run_did_not_finish(self):
+    with self.assertRaisesRegex(SystemExit, r'seed 6, FedAvg \+ FedDecorr: no finished 30-round'):
+      reproduction.continue_from_base('6', self.base, self.runs)
+
+  def test_refuses_a_seed_the_machine_no_longer_has(self):
+    with self.assertRaisesRegex(SystemExit, 'seed 0, FedAvg: .*leave it out of --seeds'):
+      reproduction.continue_from_base('0', self.base, self.runs)
+
+
+if __name__ == '__main__':
+  absltest.main()
