@@ -10,6 +10,7 @@ saved, so bin/report gives the spectra at rounds 10, 20, 30 and the local-vs-glo
   .venv/bin/python -m bench.accuracy.reproduction --sides=project --seeds=0,1,2  # a seed at a time
   .venv/bin/python -m bench.accuracy.reproduction --sides=reference --seeds=0    # its main.py
   .venv/bin/python -m bench.accuracy.reproduction --figures           # from the committed files
+  .venv/bin/python -m bench.accuracy.reproduction --rounds=50 --seeds=5,6  # 30-round runs go on
 
 Each finished run is archived at once into bench/results/reproduction/alpha<alpha>/ (bin/report
 --archive_dir: config, summary, metrics.csv and spectra.json a run; the reference's JSON under
@@ -17,7 +18,10 @@ reference/), so the study survives losing the machine: the same command on anoth
 what the archive holds and runs the rest. Run it from a worktree at a fixed commit (autograph
 re-reads source files, so code edited under a running job reaches it), one run at a time.
 `--figures` needs nothing but the archive: bin/report's page in docs/reproduction/report/ and the
-project-versus-reference curves, docs/reproduction/curves.png.
+project-versus-reference curves, docs/reproduction/curves.png. `--rounds=50` copies each seed's
+finished 30-round runs (their study in --work_dir, checkpoints included) into a study of its own and
+trains them on to round 50, archived under alpha<alpha>-r50/; its `--figures` adds windows.md, the
+gain over each 10 rounds, which docs/reproduction.md shows.
 """
 
 from __future__ import annotations
@@ -51,6 +55,10 @@ _LOCAL_EPOCHS = flags.DEFINE_integer('local_epochs', settings.REPRODUCTION['loca
                                      'Local epochs a round (the paper\'s next axis: 10).')
 _MODEL = flags.DEFINE_string('model', settings.REPRODUCTION['model'],
                              'Model (the paper\'s: mobilenet_v2_cifar).')
+_ROUNDS = flags.DEFINE_integer(
+    'rounds', settings.REPRODUCTION['rounds'], 'Rounds a run trains. More than the setting\'s '
+    'continues each seed\'s finished runs of the setting (their study under --work_dir must still '
+    'hold their checkpoints) in a study and archive of their own, named -r<rounds>.')
 _FIGURES = flags.DEFINE_bool('figures', False, 'Only draw the figures and tables from the archive.')
 _SNAPSHOT = flags.DEFINE_bool('snapshot', False, 'Only archive: the finished runs of the study, and '
                               'the metrics.csv of each run still training into in_progress/ '
@@ -81,7 +89,16 @@ def variant() -> str:
     name += f'-e{_LOCAL_EPOCHS.value}'
   if _MODEL.value != settings.REPRODUCTION['model']:
     name += f'-{_MODEL.value}'
+  if _ROUNDS.value != settings.REPRODUCTION['rounds']:
+    name += f'-r{_ROUNDS.value}'
   return name
+
+
+def base_variant() -> str:
+  """The variant whose runs a longer one continues: the same one at the setting's rounds."""
+  suffix = f'-r{_ROUNDS.value}'
+  name = variant()
+  return name[:-len(suffix)] if name.endswith(suffix) else name
 
 
 def archive_dir() -> str:
@@ -187,24 +204,59 @@ def _snapshot_reference() -> None:
 def _project(seeds) -> None:
   study = study_dir()
   grid = settings.flags(settings.REPRODUCTION, dirichlet_alpha=_ALPHA.value,
-                        local_epochs=_LOCAL_EPOCHS.value, model=_MODEL.value)
+                        local_epochs=_LOCAL_EPOCHS.value, model=_MODEL.value,
+                        rounds=_ROUNDS.value)
   common = [sys.executable, '-m', 'bin.study', f'--study_dir={study}', *grid,
             '--algorithm=fedavg', f'--regularizer={",".join(METHODS)}',
             f'--feddecorr_beta={settings.FEDDECORR_BETA}', f'--data_dir={_DATA_DIR.value}',
             '--runtime=tf', '--eval_every=1', f'--export_every={10}', '--save_local_models=0',
-            f'--save_local_rounds={settings.REPRODUCTION["rounds"]}']
+            f'--save_local_rounds={_ROUNDS.value}']
   done_before = _archived_seeds()
   unpack_resume_packs(archive_dir(), os.path.join(study, 'runs'))
   for i, seed in enumerate(seeds):
     if all((m, seed) in done_before for m in METHODS):
       print(f'seed {seed}: both methods already archived in {archive_dir()}', flush=True)
       continue
+    if variant() != base_variant():
+      continue_from_base(seed, os.path.join(_WORK_DIR.value, base_variant(), 'study'),
+                         os.path.join(study, 'runs'))
     # The grid grows a seed at a time (earlier seeds are finished and skipped), so study.json
     # always lists every seed run so far.
     rc = _run([*common, f'--seed={",".join(seeds[:i + 1])}'])
     if rc:
       raise SystemExit(f'bin/study exited {rc}; see {study}/logs; re-run the same command.')
     _snapshot()
+
+
+def continue_from_base(seed: str, base_study: str, runs: str) -> None:
+  """Copies `seed`'s finished runs of the base study into the longer study's `runs`, where
+  bin/study trains them on from their last checkpoint (--rounds and --save_local_rounds may change
+  on resume: a run's directory name leaves them out, so the copy keeps its name).
+
+  Raises:
+    SystemExit: the base study does not hold a finished run of `seed` for each method (its
+      checkpoints are gone with the machine that trained it, or it never ran).
+  """
+  manifest = os.path.join(base_study, 'study.json')
+  cells = []
+  if os.path.exists(manifest):
+    with open(manifest) as f:
+      cells = [c for c in json.load(f)['cells'] if str(c['flags'].get('seed')) == seed]
+  for method in METHODS:
+    names = [c['name'] for c in cells if c['flags'].get('regularizer') == method]
+    source = os.path.join(base_study, 'runs', names[0]) if names else ''
+    if not names or not os.path.exists(os.path.join(source, 'summary.json')):
+      raise SystemExit(
+          f'seed {seed}, {LABELS[method]}: no finished {settings.REPRODUCTION["rounds"]}-round '
+          f'run of it in {base_study} to continue to --rounds={_ROUNDS.value}; its checkpoints '
+          f'live only on the machine that trained it. Run that seed at the setting first (the '
+          f'same command without --rounds), or leave it out of --seeds.')
+    dest = os.path.join(runs, names[0])
+    if not os.path.exists(dest):
+      os.makedirs(runs, exist_ok=True)
+      shutil.copytree(source, dest + '.tmp', symlinks=True)
+      os.replace(dest + '.tmp', dest)
+      print(f'seed {seed}, {LABELS[method]}: continues {source} in {dest}', flush=True)
 
 
 def _archived_seeds():
@@ -235,7 +287,7 @@ def _reference(seeds) -> None:
         print(f'{dest}: already archived', flush=True)
         continue
       argv = reference_main.reference_argv('fedavg', int(seed), method, float(_ALPHA.value),
-                                           settings.REPRODUCTION['rounds'], _LOCAL_EPOCHS.value)
+                                           _ROUNDS.value, _LOCAL_EPOCHS.value)
       jobs.append((seed, method, dest, argv))
   # Runs `--reference_parallel` at a time, the cores split between them (torch's intra-op threads):
   # both methods of a seed advance together, so a run cut short leaves two curves of one length.
@@ -298,14 +350,14 @@ def _late_rounds_table(runs, path: str) -> None:
   (docs/reproduction.md), so the last round's accuracy depends on which phase it falls in; a
   mean over whole periods does not.
   """
-  from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
-  total = settings.REPRODUCTION['rounds']
+  from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
+  total = _ROUNDS.value
   first = total - total // 3 + 1
   lines = [f'| run | seed | rounds | final | best | mean, rounds {first}-{total} | '
            f'odd rounds {first}-{total} | even rounds {first}-{total} |', '|---' * 8 + '|']
   rows = []
   for r in runs:
-    x, y = report.read_curve(r.path)
+    x, y = aggregate.read_curve(r.path)
     rows.append((f'{LABELS[r.flags.get("regularizer")]}, project', r.flags.get('seed', '?'), x, y))
   for method in METHODS:
     for seed, x, y, finished in _reference_curves().get(method, []):
@@ -334,11 +386,11 @@ MEASURES = (('final', 'final test accuracy (%)'), ('best', 'best test accuracy (
 def seed_measures(runs) -> dict:
   """{method: {seed: {measure: value}}} of the finished project runs (accuracies in %)."""
   from tff_decorr.collapse import analysis  # pylint: disable=g-import-not-at-top
-  from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
+  from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
   from tff_decorr.studies import run_spectra  # pylint: disable=g-import-not-at-top
   out = {}
   for r in runs:
-    x, y = report.read_curve(r.path)
+    x, y = aggregate.read_curve(r.path)
     if not y.size:
       continue
     total = int(r.flags.get('rounds', x[-1]))
@@ -362,7 +414,7 @@ def effects_markdown(runs) -> str:
   seeds = sorted(set(base) & set(other), key=int)
   if not seeds:
     return 'No seed has both methods finished yet.\n'
-  total = settings.REPRODUCTION['rounds']
+  total = _ROUNDS.value
   first = total - total // 3 + 1
   lines = [f'Seeds {", ".join(seeds)} (n = {len(seeds)}), each running both methods; differences '
            f'are FedAvg + FedDecorr minus FedAvg, paired by seed. "Last third" is rounds '
@@ -390,6 +442,49 @@ def effects_markdown(runs) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def windows_markdown(runs, width: int = 10) -> str:
+  """Whether the gain grows with training: per window of `width` rounds, each method's mean test
+  accuracy over the window (mean ± std over the seeds both finished) and the paired difference.
+
+  Every window is read from the same runs, so a longer variant (-r50) sets its late rounds against
+  its own rounds 21-30.
+  """
+  from bench.accuracy import paired  # pylint: disable=g-import-not-at-top
+  from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
+  curves = {}
+  for r in runs:
+    x, y = aggregate.read_curve(r.path)
+    if y.size:
+      curves.setdefault(r.flags.get('regularizer'), {})[r.flags.get('seed', '?')] = (x, y)
+  base, other = (curves.get(m, {}) for m in METHODS)
+  seeds = sorted(set(base) & set(other), key=int)
+  if not seeds:
+    return 'No seed has both methods finished yet.\n'
+  last = min(int(max(c[0])) for c in [*base.values(), *other.values()])
+  lines = [f'Mean test accuracy (%) over each window of {width} rounds, seeds {", ".join(seeds)} '
+           f'(n = {len(seeds)}); differences are FedAvg + FedDecorr minus FedAvg, paired by seed.',
+           '', '| rounds | FedAvg | FedAvg + FedDecorr | difference | 95 % interval | p (t) | '
+           'p (sign-flip, exact) | FedDecorr ahead | per seed |', '|---' * 9 + '|']
+  for lo in range(1, last + 1, width):
+    hi = min(lo + width - 1, last)
+    def window(c):
+      x, y = c
+      return 100 * float(np.mean(y[(x >= lo) & (x <= hi)]))
+    a = [window(base[s]) for s in seeds]
+    b = [window(other[s]) for s in seeds]
+    e = paired.paired_effect(a, b)
+    spread = (lambda v: f'{np.mean(v):.2f} ± {np.std(v, ddof=1):.2f}') if len(seeds) > 1 else (
+        lambda v: f'{v[0]:.2f}')
+    interval = f'[{e.ci95[0]:+.2f}, {e.ci95[1]:+.2f}]' if len(seeds) > 1 else '—'
+    p_t = f'{e.p_t:.3f}' if len(seeds) > 1 else '—'
+    lines.append(f'| {lo}-{hi} | {spread(a)} | {spread(b)} | {e.mean:+.2f} | {interval} | {p_t} | '
+                 f'{e.p_sign_flip:.3f} | {e.wins} of {e.n} | '
+                 + ', '.join(f'{d:+.2f}' for d in e.differences) + ' |')
+  lines += ['', 'Written by `python -m bench.accuracy.reproduction --figures` from the committed '
+            'archive; "per seed" lists the differences in the order of the seeds above.']
+  return '\n'.join(lines) + '\n'
+
+
 def readme_table(runs) -> str:
   """The README's first-screen table: each method's mean ± std over the finished seeds (final,
   best, last third), the paired difference with its 95 % interval, and the reference's runs."""
@@ -397,7 +492,7 @@ def readme_table(runs) -> str:
   by = seed_measures(runs)
   base, other = (by.get(m, {}) for m in METHODS)
   seeds = sorted(set(base) & set(other), key=int)
-  total = settings.REPRODUCTION['rounds']
+  total = _ROUNDS.value
   first = total - total // 3 + 1
   lines = ['| test accuracy (%) | FedAvg | FedAvg + FedDecorr | gain [95 % interval] | p (paired t) |',
            '|---|---|---|---|---|']
@@ -443,6 +538,7 @@ def replace_block(path: str, name: str, text: str) -> bool:
 
 def _figures() -> None:
   from tff_decorr.collapse import plots  # pylint: disable=g-import-not-at-top
+  from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
   from tff_decorr.studies import report  # pylint: disable=g-import-not-at-top
   from tff_decorr.studies import study  # pylint: disable=g-import-not-at-top
   docs = os.path.join(_ROOT, 'docs', 'reproduction', variant())
@@ -452,7 +548,7 @@ def _figures() -> None:
   for kind in [k for k in written if k.endswith(('_svg', '_pdf'))]:
     os.remove(written.pop(kind))  # The page shows the PNGs (report.html embeds them).
   manifest = study.read_manifest(archive_dir())
-  runs = [r for r in report.load_runs(archive_dir(), manifest) if r.done]
+  runs = [r for r in aggregate.load_runs(archive_dir(), manifest) if r.done]
   panel = []
   # The mean curves are over the seeds both methods finished, so the two bands compare the same
   # seeds; a finished run whose pair is still training is drawn on its own.
@@ -460,7 +556,7 @@ def _figures() -> None:
                for m in METHODS}
   paired_seeds = sorted(set.intersection(*(set(v) for v in by_method.values())), key=int)
   for k, method in enumerate(METHODS):
-    curves = [report.read_curve(by_method[method][s].path) for s in paired_seeds]
+    curves = [aggregate.read_curve(by_method[method][s].path) for s in paired_seeds]
     curves = [c for c in curves if c[0].size]
     if curves:
       common = sorted(set.intersection(*(set(x.tolist()) for x, _ in curves)))
@@ -472,34 +568,39 @@ def _figures() -> None:
       panel.append({'label': f'{LABELS[method]}, project ({which})', 'color': f'C{k}',
                     'x': common, 'y': mean, 'std': std})
     for seed in sorted(set(by_method[method]) - set(paired_seeds), key=int):
-      x, y = report.read_curve(by_method[method][seed].path)
+      x, y = aggregate.read_curve(by_method[method][seed].path)
       panel.append({'label': f'{LABELS[method]}, project seed {seed} (its pair not finished)',
                     'color': f'C{k}', 'x': x, 'y': y, 'linestyle': ':'})
   in_progress = os.path.join(archive_dir(), 'in_progress')
   for name in sorted(os.listdir(in_progress)) if os.path.isdir(in_progress) else []:
     with open(os.path.join(in_progress, name, 'config.json')) as f:
       config = json.load(f)
-    x, y = report.read_curve(os.path.join(in_progress, name))
+    x, y = aggregate.read_curve(os.path.join(in_progress, name))
     k = METHODS.index(config['regularizer'])
     panel.append({'label': f'{LABELS[config["regularizer"]]}, project seed {config["seed"]} '
                            f'(training: {len(x)}/{config["rounds"]} rounds)', 'color': f'C{k}',
                   'x': x, 'y': y, 'incomplete': True})
   for k, method in enumerate(METHODS):
     for seed, x, y, finished in _reference_curves().get(method, []):
-      status = '' if finished else f' (training: {len(x)}/{settings.REPRODUCTION["rounds"]} rounds)'
+      status = '' if finished else f' (training: {len(x)}/{_ROUNDS.value} rounds)'
       panel.append({'label': f'{LABELS[method]}, reference seed {seed}{status}', 'color': f'C{k}',
                     'x': x, 'y': y, 'linestyle': '--'})
   _late_rounds_table(runs, os.path.join(docs, 'late_rounds.md'))
   effects = effects_markdown(runs)
-  with open(os.path.join(docs, 'effects.md'), 'w') as f:
-    f.write(effects)
-  print(f'wrote {os.path.join(docs, "effects.md")}')
+  windows = windows_markdown(runs)
+  for name, text in (('effects.md', effects), ('windows.md', windows)):
+    with open(os.path.join(docs, name), 'w') as f:
+      f.write(text)
+    print(f'wrote {os.path.join(docs, name)}')
+  page = os.path.join('docs', 'reproduction.md')
+  # A variant's window table goes on the page where the page made room for it (its markers).
+  blocks = [(page, f'reproduction-windows-{variant()}', windows)]
   if variant() == 'alpha0.05':  # The setting the README and docs/reproduction.md present.
-    for path, name, text in (('README.md', 'reproduction-table', readme_table(runs)),
-                             (os.path.join('docs', 'reproduction.md'), 'reproduction-effects',
-                              effects)):
-      print(f'{path}: block {name} ' + ('updated' if replace_block(path, name, text)
-                                        else 'not found (no markers): left as it is'))
+    blocks += [('README.md', 'reproduction-table', readme_table(runs)),
+               (page, 'reproduction-effects', effects)]
+  for path, name, text in blocks:
+    print(f'{path}: block {name} ' + ('updated' if replace_block(path, name, text)
+                                      else 'not found (no markers): left as it is'))
   path = os.path.join(docs, 'curves.png')
   plots.plot_curves({f'CIFAR-10, ResNet20, alpha {_ALPHA.value}, E={_LOCAL_EPOCHS.value}': panel},
                     path, formats=('png',))
