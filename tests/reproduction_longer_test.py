@@ -68,6 +68,40 @@ class WindowsTest(absltest.TestCase):
     self.assertIn('seeds 0 (n = 1)', text)
 
 
+class FirstRoundsTest(absltest.TestCase):
+
+  def test_counts_equal_rounds_and_the_largest_difference(self):
+    rng = np.random.default_rng(1)
+    rounds = np.arange(1, 31)
+    base = {(m, s): (rounds, rng.uniform(0.1, 0.4, size=30))
+            for m in reproduction.METHODS for s in ('5', '6')}
+    longer = {}
+    # Seed 5's FedAvg trained rounds 1-30 as the archive did, then 20 more.
+    longer['none', '5'] = (np.arange(1, 51),
+                           np.concatenate([base['none', '5'][1], rng.uniform(size=20)]), '')
+    # Seed 5's FedAvg + FedDecorr parts from round 7 on.
+    drift = base['feddecorr', '5'][1].copy()
+    drift[6:] += rng.normal(scale=0.01, size=24)
+    longer['feddecorr', '5'] = (rounds, drift, '')
+    # Seed 6's FedAvg is still training, 12 rounds in; its pair has not started.
+    longer['none', '6'] = (rounds[:12], base['none', '6'][1][:12], ' (training: 12/50 rounds)')
+    # A seed the archive never ran is left out.
+    longer['none', '9'] = (rounds, rng.uniform(size=30), '')
+    rows = [l.split(' | ') for l in reproduction.first_rounds_markdown(longer, base).splitlines()
+            if l.startswith('| ') and l[2].isdigit()]
+    self.assertEqual([r[:2] for r in rows], [['| 5', 'FedAvg'], ['| 5', 'FedAvg + FedDecorr'],
+                                            ['| 6', 'FedAvg (training: 12/50 rounds)']])
+    self.assertEqual(rows[0][2:], ['1-30', '30 of 30', '0.00 |'])
+    archived = base['feddecorr', '5'][1]
+    self.assertEqual(rows[1][2:], ['1-30', f'{int(np.sum(drift == archived))} of 30',
+                                   f'{100 * np.max(np.abs(drift - archived)):.2f} |'])
+    self.assertEqual(int(np.sum(drift == archived)), 6)
+    self.assertEqual(rows[2][2:], ['1-12', '12 of 12', '0.00 |'])
+
+  def test_nothing_to_compare(self):
+    self.assertIn('No run', reproduction.first_rounds_markdown({}, {}))
+
+
 class ContinueFromBaseTest(absltest.TestCase):
 
   @classmethod
@@ -116,8 +150,20 @@ class ContinueFromBaseTest(absltest.TestCase):
       reproduction.continue_from_base('6', self.base, self.runs)
 
   def test_refuses_a_seed_the_machine_no_longer_has(self):
-    with self.assertRaisesRegex(SystemExit, 'seed 0, FedAvg: .*leave it out of --seeds'):
+    with self.assertRaisesRegex(SystemExit, 'seed 0, FedAvg: .*--from_scratch.*leave it out of '
+                                '--seeds'):
       reproduction.continue_from_base('0', self.base, self.runs)
+
+  def test_from_scratch_copies_nothing_of_a_seed_without_both_runs(self):
+    self.assertFalse(reproduction.continue_from_base('0', self.base, self.runs, from_scratch=True))
+    # Seed 6's FedAvg run finished, but its pair did not: neither is copied, so both runs of the
+    # seed train the same way.
+    self.assertFalse(reproduction.continue_from_base('6', self.base, self.runs, from_scratch=True))
+    self.assertFalse(os.path.exists(self.runs))
+
+  def test_from_scratch_still_continues_a_seed_the_machine_has(self):
+    self.assertTrue(reproduction.continue_from_base('5', self.base, self.runs, from_scratch=True))
+    self.assertEqual(len(os.listdir(self.runs)), 2)
 
 
 if __name__ == '__main__':
