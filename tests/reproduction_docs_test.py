@@ -8,6 +8,7 @@ import os
 
 from absl import flags
 from absl.testing import absltest
+from absl.testing import flagsaver
 
 from bench.accuracy import reproduction
 from tests import testutil
@@ -53,6 +54,18 @@ class ReproductionDocsTest(absltest.TestCase):
   def test_windows_block_is_current(self):
     self.assertEqual(_block('docs/reproduction.md', 'reproduction-windows-alpha0.05'),
                      reproduction.windows_markdown(self.runs))
+
+  def test_longer_variant_blocks_are_current(self):
+    with flagsaver.flagsaver(rounds=50):
+      archive = reproduction.archive_dir()
+      runs = []
+      if os.path.exists(os.path.join(archive, 'study.json')):  # Before any run finished: none.
+        runs = [r for r in aggregate.load_runs(archive, study.read_manifest(archive)) if r.done]
+      variant = reproduction.variant()
+      self.assertEqual(_block('docs/reproduction.md', f'reproduction-windows-{variant}'),
+                       reproduction.windows_markdown(runs))
+      self.assertEqual(_block('docs/reproduction.md', f'reproduction-first-rounds-{variant}'),
+                       reproduction.archived_first_rounds(runs))
 
   def test_each_seed_has_both_methods(self):
     # The archive pairs seeds: a seed with one method finished is reported as in progress only.

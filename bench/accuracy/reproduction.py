@@ -603,7 +603,7 @@ def replace_block(path: str, name: str, text: str) -> bool:
   return True
 
 
-def _first_rounds(runs) -> str:
+def archived_first_rounds(runs) -> str:
   """first_rounds_markdown of this longer variant's runs (archived or in_progress/) against the
   archived runs of the setting."""
   from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
@@ -685,7 +685,7 @@ def _figures() -> None:
   # A variant's window table goes on the page where the page made room for it (its markers).
   blocks = [(page, f'reproduction-windows-{variant()}', windows)]
   if variant() != base_variant():
-    first = _first_rounds(runs)
+    first = archived_first_rounds(runs)
     files.append(('first_rounds.md', first))
     blocks.append((page, f'reproduction-first-rounds-{variant()}', first))
   for name, text in files:
