@@ -59,6 +59,11 @@ _ROUNDS = flags.DEFINE_integer(
     'rounds', settings.REPRODUCTION['rounds'], 'Rounds a run trains. More than the setting\'s '
     'continues each seed\'s finished runs of the setting (their study under --work_dir must still '
     'hold their checkpoints) in a study and archive of their own, named -r<rounds>.')
+_FROM_SCRATCH = flags.DEFINE_bool(
+    'from_scratch', False, 'With --rounds above the setting\'s: a seed whose finished runs of the '
+    'setting are not in --work_dir (a fresh machine keeps none) trains both runs from round 1 '
+    'instead of being refused; --figures then checks their first rounds against the archived '
+    'runs of the setting.')
 _FIGURES = flags.DEFINE_bool('figures', False, 'Only draw the figures and tables from the archive.')
 _SNAPSHOT = flags.DEFINE_bool('snapshot', False, 'Only archive: the finished runs of the study, and '
                               'the metrics.csv of each run still training into in_progress/ '
@@ -219,7 +224,7 @@ def _project(seeds) -> None:
       continue
     if variant() != base_variant():
       continue_from_base(seed, os.path.join(_WORK_DIR.value, base_variant(), 'study'),
-                         os.path.join(study, 'runs'))
+                         os.path.join(study, 'runs'), from_scratch=_FROM_SCRATCH.value)
     # The grid grows a seed at a time (earlier seeds are finished and skipped), so study.json
     # always lists every seed run so far.
     rc = _run([*common, f'--seed={",".join(seeds[:i + 1])}'])
@@ -228,35 +233,58 @@ def _project(seeds) -> None:
     _snapshot()
 
 
-def continue_from_base(seed: str, base_study: str, runs: str) -> None:
+def continue_from_base(seed: str, base_study: str, runs: str, from_scratch: bool = False) -> bool:
   """Copies `seed`'s finished runs of the base study into the longer study's `runs`, where
   bin/study trains them on from their last checkpoint (--rounds and --save_local_rounds may change
   on resume: a run's directory name leaves them out, so the copy keeps its name).
 
+  Args:
+    seed: the seed, as in --seeds.
+    base_study: the study of the setting's rounds, under --work_dir.
+    runs: the longer study's runs folder.
+    from_scratch: when the base study does not hold both finished runs, copy nothing (bin/study
+      then trains the seed's runs from round 1) instead of refusing. A run the longer study holds
+      already is never replaced either way.
+
+  Returns:
+    True when both runs continue from the base study, False when they train from round 1.
+
   Raises:
     SystemExit: the base study does not hold a finished run of `seed` for each method (its
-      checkpoints are gone with the machine that trained it, or it never ran).
+      checkpoints are gone with the machine that trained it, or it never ran), and not
+      `from_scratch`.
   """
   manifest = os.path.join(base_study, 'study.json')
   cells = []
   if os.path.exists(manifest):
     with open(manifest) as f:
       cells = [c for c in json.load(f)['cells'] if str(c['flags'].get('seed')) == seed]
+  sources = {}
   for method in METHODS:
     names = [c['name'] for c in cells if c['flags'].get('regularizer') == method]
     source = os.path.join(base_study, 'runs', names[0]) if names else ''
-    if not names or not os.path.exists(os.path.join(source, 'summary.json')):
-      raise SystemExit(
-          f'seed {seed}, {LABELS[method]}: no finished {settings.REPRODUCTION["rounds"]}-round '
-          f'run of it in {base_study} to continue to --rounds={_ROUNDS.value}; its checkpoints '
-          f'live only on the machine that trained it. Run that seed at the setting first (the '
-          f'same command without --rounds), or leave it out of --seeds.')
-    dest = os.path.join(runs, names[0])
+    if names and os.path.exists(os.path.join(source, 'summary.json')):
+      sources[method] = names[0]
+      continue
+    if from_scratch:
+      print(f'seed {seed}: no finished {settings.REPRODUCTION["rounds"]}-round runs of both '
+            f'methods in {base_study}; both train from round 1 (--from_scratch)', flush=True)
+      return False
+    raise SystemExit(
+        f'seed {seed}, {LABELS[method]}: no finished {settings.REPRODUCTION["rounds"]}-round '
+        f'run of it in {base_study} to continue to --rounds={_ROUNDS.value}; its checkpoints '
+        f'live only on the machine that trained it. Add --from_scratch to train both of the '
+        f'seed\'s runs from round 1 (--figures then checks their first rounds against the '
+        f'archive), or leave it out of --seeds.')
+  for method, name in sources.items():
+    source = os.path.join(base_study, 'runs', name)
+    dest = os.path.join(runs, name)
     if not os.path.exists(dest):
       os.makedirs(runs, exist_ok=True)
       shutil.copytree(source, dest + '.tmp', symlinks=True)
       os.replace(dest + '.tmp', dest)
       print(f'seed {seed}, {LABELS[method]}: continues {source} in {dest}', flush=True)
+  return True
 
 
 def _archived_seeds():
@@ -485,6 +513,45 @@ def windows_markdown(runs, width: int = 10) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def first_rounds_markdown(longer, base) -> str:
+  """Whether a longer variant's runs trained their first rounds as the archived runs did.
+
+  A run trained from round 1 again (--from_scratch) runs the code that trained the archived run,
+  from the same seed, so where training is deterministic its test accuracy is the archived one
+  round by round; a continued run holds the archived rounds as copied.
+
+  Args:
+    longer: {(method, seed): (rounds, accuracies, status)} of the longer variant's runs, finished
+      or still training; status is '' or what to say of a run still training.
+    base: {(method, seed): (rounds, accuracies)} of the archived runs of the setting.
+
+  Returns:
+    A markdown table: per run, the rounds both hold, in how many of them the two accuracies are
+    equal (as metrics.csv records them) and the largest difference in points.
+  """
+  rows = []
+  for (method, seed), (x, y, status) in sorted(longer.items(), key=lambda kv: (int(kv[0][1]),
+                                                                               kv[0][0] != 'none')):
+    if (method, seed) not in base:
+      continue
+    bx, by = base[method, seed]
+    common, i, j = np.intersect1d(x, bx, return_indices=True)
+    if not common.size:
+      continue
+    d = np.abs(y[i] - by[j])
+    rows.append(f'| {seed} | {LABELS[method]}{status} | {int(common[0])}-{int(common[-1])} | '
+                f'{int(np.sum(d == 0))} of {common.size} | {100 * float(d.max()):.2f} |')
+  if not rows:
+    return 'No run of this variant has rounds to compare with the archive yet.\n'
+  return '\n'.join([
+      'Each run\'s test accuracy in the rounds it shares with the archived run of the same seed '
+      'and method (the runs of the setting, above):', '',
+      '| seed | run | rounds | the same accuracy | largest difference (points) |',
+      '|---|---|---|---|---|', *rows, '',
+      'Written by `python -m bench.accuracy.reproduction --figures` from the committed archives; '
+      '"the same" is equal as metrics.csv records it.']) + '\n'
+
+
 def readme_table(runs) -> str:
   """The README's first-screen table: each method's mean ± std over the finished seeds (final,
   best, last third), the paired difference with its 95 % interval, and the reference's runs."""
@@ -536,6 +603,26 @@ def replace_block(path: str, name: str, text: str) -> bool:
   return True
 
 
+def archived_first_rounds(runs) -> str:
+  """first_rounds_markdown of this longer variant's runs (archived or in_progress/) against the
+  archived runs of the setting."""
+  from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
+  from tff_decorr.studies import study  # pylint: disable=g-import-not-at-top
+  base_dir = os.path.join(_ROOT, 'bench', 'results', 'reproduction', base_variant())
+  base = {(r.flags.get('regularizer'), str(r.flags.get('seed'))): aggregate.read_curve(r.path)
+          for r in aggregate.load_runs(base_dir, study.read_manifest(base_dir)) if r.done}
+  longer = {(r.flags.get('regularizer'), str(r.flags.get('seed'))):
+            (*aggregate.read_curve(r.path), '') for r in runs}
+  in_progress = os.path.join(archive_dir(), 'in_progress')
+  for name in sorted(os.listdir(in_progress)) if os.path.isdir(in_progress) else []:
+    with open(os.path.join(in_progress, name, 'config.json')) as f:
+      config = json.load(f)
+    x, y = aggregate.read_curve(os.path.join(in_progress, name))
+    longer[config['regularizer'], str(config['seed'])] = (
+        x, y, f' (training: {len(x)}/{config["rounds"]} rounds)')
+  return first_rounds_markdown(longer, base)
+
+
 def _figures() -> None:
   from tff_decorr.collapse import plots  # pylint: disable=g-import-not-at-top
   from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
@@ -543,12 +630,17 @@ def _figures() -> None:
   from tff_decorr.studies import study  # pylint: disable=g-import-not-at-top
   docs = os.path.join(_ROOT, 'docs', 'reproduction', variant())
   os.chdir(_ROOT)  # The page names the archive by its path in the repository.
-  written = report.build(os.path.relpath(archive_dir(), _ROOT), os.path.join(docs, 'report'),
-                         spectra=True, thresholds=(0.2, 0.25, 0.3), log=lambda s: None)
-  for kind in [k for k in written if k.endswith(('_svg', '_pdf'))]:
-    os.remove(written.pop(kind))  # The page shows the PNGs (report.html embeds them).
-  manifest = study.read_manifest(archive_dir())
-  runs = [r for r in aggregate.load_runs(archive_dir(), manifest) if r.done]
+  os.makedirs(docs, exist_ok=True)
+  written, runs = {}, []
+  if os.path.exists(os.path.join(archive_dir(), 'study.json')):
+    written = report.build(os.path.relpath(archive_dir(), _ROOT), os.path.join(docs, 'report'),
+                           spectra=True, thresholds=(0.2, 0.25, 0.3), log=lambda s: None)
+    for kind in [k for k in written if k.endswith(('_svg', '_pdf'))]:
+      os.remove(written.pop(kind))  # The page shows the PNGs (report.html embeds them).
+    manifest = study.read_manifest(archive_dir())
+    runs = [r for r in aggregate.load_runs(archive_dir(), manifest) if r.done]
+  else:  # Only runs still training (in_progress/), or none: the report page waits for one.
+    print(f'{archive_dir()}: no finished run archived yet; no report page')
   panel = []
   # The mean curves are over the seeds both methods finished, so the two bands compare the same
   # seeds; a finished run whose pair is still training is drawn on its own.
@@ -588,13 +680,18 @@ def _figures() -> None:
   _late_rounds_table(runs, os.path.join(docs, 'late_rounds.md'))
   effects = effects_markdown(runs)
   windows = windows_markdown(runs)
-  for name, text in (('effects.md', effects), ('windows.md', windows)):
-    with open(os.path.join(docs, name), 'w') as f:
-      f.write(text)
-    print(f'wrote {os.path.join(docs, name)}')
+  files = [('effects.md', effects), ('windows.md', windows)]
   page = os.path.join('docs', 'reproduction.md')
   # A variant's window table goes on the page where the page made room for it (its markers).
   blocks = [(page, f'reproduction-windows-{variant()}', windows)]
+  if variant() != base_variant():
+    first = archived_first_rounds(runs)
+    files.append(('first_rounds.md', first))
+    blocks.append((page, f'reproduction-first-rounds-{variant()}', first))
+  for name, text in files:
+    with open(os.path.join(docs, name), 'w') as f:
+      f.write(text)
+    print(f'wrote {os.path.join(docs, name)}')
   if variant() == 'alpha0.05':  # The setting the README and docs/reproduction.md present.
     blocks += [('README.md', 'reproduction-table', readme_table(runs)),
                (page, 'reproduction-effects', effects)]
