@@ -24,8 +24,10 @@ def _write(path, text):
     f.write(text)
 
 
-def _curve(path, accuracies):
-  rows = ['round,test_accuracy,train_loss'] + [f'{i},{a},0.5' for i, a in enumerate(accuracies, 1)]
+def _curve(path, accuracies, losses=None):
+  losses = [0.5] * len(accuracies) if losses is None else losses
+  rows = ['round,test_accuracy,train_loss'] + [
+      f'{i},{a},{l}' for i, (a, l) in enumerate(zip(accuracies, losses), 1)]
   _write(os.path.join(path, 'metrics.csv'), '\n'.join(rows) + '\n')
 
 
@@ -71,32 +73,42 @@ class WindowsTest(absltest.TestCase):
 class FirstRoundsTest(absltest.TestCase):
 
   def test_counts_equal_rounds_and_the_largest_difference(self):
+    tmp = self.create_tempdir().full_path
     rng = np.random.default_rng(1)
-    rounds = np.arange(1, 31)
-    base = {(m, s): (rounds, rng.uniform(0.1, 0.4, size=30))
-            for m in reproduction.METHODS for s in ('5', '6')}
+    base, archived = {}, {}
+    for m in reproduction.METHODS:
+      for s in ('5', '6'):
+        archived[m, s] = (rng.uniform(0.1, 0.4, size=30), rng.uniform(0.5, 2, size=30))
+        base[m, s] = os.path.join(tmp, 'base', f'{m}-{s}')
+        _curve(base[m, s], *archived[m, s])
     longer = {}
+    def run(method, seed, accuracy, loss, status=''):
+      path = os.path.join(tmp, 'longer', f'{method}-{seed}')
+      _curve(path, accuracy, loss)
+      longer[method, seed] = (path, status)
     # Seed 5's FedAvg trained rounds 1-30 as the archive did, then 20 more.
-    longer['none', '5'] = (np.arange(1, 51),
-                           np.concatenate([base['none', '5'][1], rng.uniform(size=20)]), '')
-    # Seed 5's FedAvg + FedDecorr parts from round 7 on.
-    drift = base['feddecorr', '5'][1].copy()
-    drift[6:] += rng.normal(scale=0.01, size=24)
-    longer['feddecorr', '5'] = (rounds, drift, '')
+    acc, loss = archived['none', '5']
+    run('none', '5', np.concatenate([acc, rng.uniform(size=20)]),
+        np.concatenate([loss, rng.uniform(size=20)]))
+    # Seed 5's FedAvg + FedDecorr parts from round 7 on; its test accuracy happens to agree again
+    # at round 20, its training loss never does.
+    acc, loss = (v.copy() for v in archived['feddecorr', '5'])
+    acc[6:] += rng.normal(scale=0.01, size=24)
+    acc[19] = archived['feddecorr', '5'][0][19]
+    loss[6:] += 1e-9
+    run('feddecorr', '5', acc, loss)
     # Seed 6's FedAvg is still training, 12 rounds in; its pair has not started.
-    longer['none', '6'] = (rounds[:12], base['none', '6'][1][:12], ' (training: 12/50 rounds)')
+    run('none', '6', *(v[:12] for v in archived['none', '6']), ' (training: 12/50 rounds)')
     # A seed the archive never ran is left out.
-    longer['none', '9'] = (rounds, rng.uniform(size=30), '')
+    run('none', '9', rng.uniform(size=30), rng.uniform(size=30))
     rows = [l.split(' | ') for l in reproduction.first_rounds_markdown(longer, base).splitlines()
             if l.startswith('| ') and l[2].isdigit()]
     self.assertEqual([r[:2] for r in rows], [['| 5', 'FedAvg'], ['| 5', 'FedAvg + FedDecorr'],
                                             ['| 6', 'FedAvg (training: 12/50 rounds)']])
-    self.assertEqual(rows[0][2:], ['1-30', '30 of 30', '0.00 |'])
-    archived = base['feddecorr', '5'][1]
-    self.assertEqual(rows[1][2:], ['1-30', f'{int(np.sum(drift == archived))} of 30',
-                                   f'{100 * np.max(np.abs(drift - archived)):.2f} |'])
-    self.assertEqual(int(np.sum(drift == archived)), 6)
-    self.assertEqual(rows[2][2:], ['1-12', '12 of 12', '0.00 |'])
+    self.assertEqual(rows[0][2:], ['1-30', '30 of 30', '0.00', '30 of 30 |'])
+    largest = 100 * np.max(np.abs(acc - archived['feddecorr', '5'][0]))
+    self.assertEqual(rows[1][2:], ['1-30', '7 of 30', f'{largest:.2f}', '6 of 30 |'])
+    self.assertEqual(rows[2][2:], ['1-12', '12 of 12', '0.00', '12 of 12 |'])
 
   def test_nothing_to_compare(self):
     self.assertIn('No run', reproduction.first_rounds_markdown({}, {}))

@@ -517,37 +517,46 @@ def first_rounds_markdown(longer, base) -> str:
   """Whether a longer variant's runs trained their first rounds as the archived runs did.
 
   A run trained from round 1 again (--from_scratch) runs the code that trained the archived run,
-  from the same seed, so where training is deterministic its test accuracy is the archived one
-  round by round; a continued run holds the archived rounds as copied.
+  from the same seed, so where training is deterministic its metrics are the archived ones round
+  by round: the test accuracy (a count of test images) and the training loss, which any
+  difference in the weights a round starts from would move. A continued run holds the archived
+  rounds as copied.
 
   Args:
-    longer: {(method, seed): (rounds, accuracies, status)} of the longer variant's runs, finished
-      or still training; status is '' or what to say of a run still training.
-    base: {(method, seed): (rounds, accuracies)} of the archived runs of the setting.
+    longer: {(method, seed): (run directory, status)} of the longer variant's runs, finished or
+      still training; status is '' or what to say of a run still training.
+    base: {(method, seed): run directory} of the archived runs of the setting.
 
   Returns:
-    A markdown table: per run, the rounds both hold, in how many of them the two accuracies are
-    equal (as metrics.csv records them) and the largest difference in points.
+    A markdown table: per run, the rounds both metrics.csv files hold, in how many of them the two
+    test accuracies and the two training losses are equal (as metrics.csv records them), and the
+    largest test-accuracy difference in points.
   """
+  from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
   rows = []
-  for (method, seed), (x, y, status) in sorted(longer.items(), key=lambda kv: (int(kv[0][1]),
-                                                                               kv[0][0] != 'none')):
+  for (method, seed), (path, status) in sorted(
+      longer.items(), key=lambda kv: (int(kv[0][1]), METHODS.index(kv[0][0]))):
     if (method, seed) not in base:
       continue
-    bx, by = base[method, seed]
-    common, i, j = np.intersect1d(x, bx, return_indices=True)
+    cells = []
+    for column in ('test_accuracy', 'train_loss'):
+      (x, y), (bx, by) = (aggregate.read_curve(p, column) for p in (path, base[method, seed]))
+      common, i, j = np.intersect1d(x, bx, return_indices=True)
+      d = np.abs(y[i] - by[j])
+      cells.append((common, d))
+    (common, d), (loss_rounds, loss_d) = cells
     if not common.size:
       continue
-    d = np.abs(y[i] - by[j])
     rows.append(f'| {seed} | {LABELS[method]}{status} | {int(common[0])}-{int(common[-1])} | '
-                f'{int(np.sum(d == 0))} of {common.size} | {100 * float(d.max()):.2f} |')
+                f'{int(np.sum(d == 0))} of {common.size} | {100 * float(d.max()):.2f} | '
+                f'{int(np.sum(loss_d == 0))} of {loss_rounds.size} |')
   if not rows:
     return 'No run of this variant has rounds to compare with the archive yet.\n'
   return '\n'.join([
-      'Each run\'s test accuracy in the rounds it shares with the archived run of the same seed '
-      'and method (the runs of the setting, above):', '',
-      '| seed | run | rounds | the same accuracy | largest difference (points) |',
-      '|---|---|---|---|---|', *rows, '',
+      'Each run against the archived run of the same seed and method (the runs of the setting, '
+      'above), in the rounds both hold:', '',
+      '| seed | run | rounds | the same test accuracy | largest difference (points) | '
+      'the same training loss |', '|---' * 6 + '|', *rows, '',
       'Written by `python -m bench.accuracy.reproduction --figures` from the committed archives; '
       '"the same" is equal as metrics.csv records it.']) + '\n'
 
@@ -609,17 +618,17 @@ def archived_first_rounds(runs) -> str:
   from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
   from tff_decorr.studies import study  # pylint: disable=g-import-not-at-top
   base_dir = os.path.join(_ROOT, 'bench', 'results', 'reproduction', base_variant())
-  base = {(r.flags.get('regularizer'), str(r.flags.get('seed'))): aggregate.read_curve(r.path)
+  base = {(r.flags.get('regularizer'), str(r.flags.get('seed'))): r.path
           for r in aggregate.load_runs(base_dir, study.read_manifest(base_dir)) if r.done}
-  longer = {(r.flags.get('regularizer'), str(r.flags.get('seed'))):
-            (*aggregate.read_curve(r.path), '') for r in runs}
+  longer = {(r.flags.get('regularizer'), str(r.flags.get('seed'))): (r.path, '') for r in runs}
   in_progress = os.path.join(archive_dir(), 'in_progress')
   for name in sorted(os.listdir(in_progress)) if os.path.isdir(in_progress) else []:
-    with open(os.path.join(in_progress, name, 'config.json')) as f:
+    path = os.path.join(in_progress, name)
+    with open(os.path.join(path, 'config.json')) as f:
       config = json.load(f)
-    x, y = aggregate.read_curve(os.path.join(in_progress, name))
+    x, _ = aggregate.read_curve(path)
     longer[config['regularizer'], str(config['seed'])] = (
-        x, y, f' (training: {len(x)}/{config["rounds"]} rounds)')
+        path, f' (training: {len(x)}/{config["rounds"]} rounds)')
   return first_rounds_markdown(longer, base)
 
 
