@@ -7,6 +7,7 @@ scipy's paired t-test; the continuation against the files it copies and the runs
 import collections
 import json
 import os
+import shutil
 
 from absl import flags
 from absl.testing import absltest
@@ -165,6 +166,13 @@ class ContinueFromBaseTest(absltest.TestCase):
     with self.assertRaisesRegex(SystemExit, 'seed 0, FedAvg: .*--from_scratch.*leave it out of '
                                 '--seeds'):
       reproduction.continue_from_base('0', self.base, self.runs)
+
+  def test_a_finished_run_without_checkpoints_is_not_continued(self):
+    # What restore_archived puts back: a finished run's archived files, no checkpoint.
+    shutil.rmtree(os.path.join(self.base, 'runs', 'cifar10-fedavg-none-s5', 'checkpoints'))
+    with self.assertRaisesRegex(SystemExit, 'seed 5, FedAvg: no finished 30-round'):
+      reproduction.continue_from_base('5', self.base, self.runs)
+    self.assertFalse(reproduction.continue_from_base('5', self.base, self.runs, from_scratch=True))
 
   def test_from_scratch_copies_nothing_of_a_seed_without_both_runs(self):
     self.assertFalse(reproduction.continue_from_base('0', self.base, self.runs, from_scratch=True))

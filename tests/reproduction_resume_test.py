@@ -1,11 +1,16 @@
 """A run cut short is packed with its newest checkpoint and put back into a study elsewhere."""
 
+import json
 import os
+import shutil
 import tarfile
 
 from absl.testing import absltest
 
 from bench.accuracy import reproduction
+from tests import testutil
+from tff_decorr.studies import archive
+from tff_decorr.studies import study
 
 
 def _write(path, text='x'):
@@ -67,6 +72,54 @@ class ResumePackTest(absltest.TestCase):
     with self.assertRaisesRegex(SystemExit, 'outside'):
       reproduction.unpack_resume_packs(self.archive, os.path.join(self.tmp, 'x', 'runs'))
     self.assertFalse(os.path.exists(os.path.join(self.tmp, 'x', 'runs', 'somewhere-else')))
+
+
+class RestoreArchivedTest(absltest.TestCase):
+  """The committed 30-round archive, put back into a study on a machine that never held it."""
+
+  def setUp(self):
+    super().setUp()
+    tmp = self.create_tempdir().full_path
+    self.archive = os.path.join(tmp, 'archive')
+    shutil.copytree(os.path.join(testutil.REPO_ROOT, 'bench', 'results', 'reproduction',
+                                 'alpha0.05'), self.archive)
+    self.study = os.path.join(tmp, 'study')
+    self.runs = os.path.join(self.study, 'runs')
+
+  def _files(self):
+    """{path: contents} of the archive; study.json's time of writing left out."""
+    out = {}
+    for root, _, names in os.walk(self.archive):
+      for name in names:
+        path = os.path.join(root, name)
+        with open(path, 'rb') as f:
+          out[os.path.relpath(path, self.archive)] = f.read()
+    manifest = json.loads(out['study.json'])
+    del manifest['updated']
+    out['study.json'] = manifest
+    return out
+
+  def test_bin_study_counts_them_done_and_archiving_again_changes_nothing(self):
+    manifest = study.read_manifest(self.archive)
+    before = self._files()
+    reproduction.restore_archived(self.archive, self.runs)
+    for cell in manifest['cells']:
+      self.assertTrue(study.is_done(os.path.join(self.study, cell['run_dir']), cell['rounds']),
+                      cell['name'])
+    shutil.copyfile(os.path.join(self.archive, 'study.json'),
+                    os.path.join(self.study, 'study.json'))
+    archive.archive(self.study, self.archive, log=lambda s: None)
+    after = self._files()
+    self.assertEqual(sorted(after), sorted(before))
+    self.assertEqual([name for name in before if after[name] != before[name]], [])
+
+  def test_a_run_the_study_has_is_left_as_it_is(self):
+    name = sorted(os.listdir(os.path.join(self.archive, 'runs')))[0]
+    _write(os.path.join(self.runs, name, 'metrics.csv'), 'training')
+    reproduction.restore_archived(self.archive, self.runs)
+    self.assertEqual(os.listdir(os.path.join(self.runs, name)), ['metrics.csv'])
+    self.assertEqual(len(os.listdir(self.runs)), len(os.listdir(os.path.join(self.archive,
+                                                                                'runs'))))
 
 
 if __name__ == '__main__':
