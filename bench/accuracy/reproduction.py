@@ -11,6 +11,7 @@ saved, so bin/report gives the spectra at rounds 10, 20, 30 and the local-vs-glo
   .venv/bin/python -m bench.accuracy.reproduction --sides=reference --seeds=0    # its main.py
   .venv/bin/python -m bench.accuracy.reproduction --figures           # from the committed files
   .venv/bin/python -m bench.accuracy.reproduction --rounds=50 --seeds=5,6  # 30-round runs go on
+  .venv/bin/python -m bench.accuracy.reproduction --rounds=50 --seeds=5 --from_scratch  # round 1 on
 
 Each finished run is archived at once into bench/results/reproduction/alpha<alpha>/ (bin/report
 --archive_dir: config, summary, metrics.csv and spectra.json a run; the reference's JSON under
@@ -20,8 +21,9 @@ re-reads source files, so code edited under a running job reaches it), one run a
 `--figures` needs nothing but the archive: bin/report's page in docs/reproduction/report/ and the
 project-versus-reference curves, docs/reproduction/curves.png. `--rounds=50` copies each seed's
 finished 30-round runs (their study in --work_dir, checkpoints included) into a study of its own and
-trains them on to round 50, archived under alpha<alpha>-r50/; its `--figures` adds windows.md, the
-gain over each 10 rounds, which docs/reproduction.md shows.
+trains them on to round 50, archived under alpha<alpha>-r50/ (`--from_scratch`: from round 1 when
+their checkpoints are gone); its `--figures` adds windows.md, the gain over each 10 rounds, and
+first_rounds.md, its runs' first rounds against the archived ones, which docs/reproduction.md shows.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ _MODEL = flags.DEFINE_string('model', settings.REPRODUCTION['model'],
 _ROUNDS = flags.DEFINE_integer(
     'rounds', settings.REPRODUCTION['rounds'], 'Rounds a run trains. More than the setting\'s '
     'continues each seed\'s finished runs of the setting (their study under --work_dir must still '
-    'hold their checkpoints) in a study and archive of their own, named -r<rounds>.')
+    'hold their checkpoints; else see --from_scratch) in a study and archive of their own, named '
+    '-r<rounds>.')
 _FROM_SCRATCH = flags.DEFINE_bool(
     'from_scratch', False, 'With --rounds above the setting\'s: a seed whose finished runs of the '
     'setting are not in --work_dir (a fresh machine keeps none) trains both runs from round 1 '
@@ -187,6 +190,23 @@ def unpack_resume_packs(archive: str, runs: str) -> None:
     print(f'resuming {name} from {path}', flush=True)
 
 
+def restore_archived(archive: str, runs: str) -> None:
+  """Puts each finished run `archive` holds back into the study's `runs` as its archived files
+  (config, summary, metrics, spectra), unless the study has it already: bin/study then counts it
+  done instead of training it again on a machine that never held it, as when a seed's first run
+  finished on one machine and its second goes on from a resume pack on another. Archiving the
+  study again finds the same summary and keeps what the archive holds."""
+  folder = os.path.join(archive, 'runs')
+  for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+    dest = os.path.join(runs, name)
+    if os.path.exists(dest):
+      continue
+    os.makedirs(runs, exist_ok=True)
+    shutil.copytree(os.path.join(folder, name), dest + '.tmp')
+    os.replace(dest + '.tmp', dest)
+    print(f'{name}: finished in {archive}; put back into the study, not trained again', flush=True)
+
+
 def _snapshot_reference() -> None:
   """A reference run still training leaves its rounds so far in reference/in_progress/."""
   ref_dir = os.path.join(archive_dir(), 'reference')
@@ -218,6 +238,7 @@ def _project(seeds) -> None:
             f'--save_local_rounds={_ROUNDS.value}']
   done_before = _archived_seeds()
   unpack_resume_packs(archive_dir(), os.path.join(study, 'runs'))
+  restore_archived(archive_dir(), os.path.join(study, 'runs'))
   for i, seed in enumerate(seeds):
     if all((m, seed) in done_before for m in METHODS):
       print(f'seed {seed}: both methods already archived in {archive_dir()}', flush=True)
@@ -250,8 +271,8 @@ def continue_from_base(seed: str, base_study: str, runs: str, from_scratch: bool
     True when both runs continue from the base study, False when they train from round 1.
 
   Raises:
-    SystemExit: the base study does not hold a finished run of `seed` for each method (its
-      checkpoints are gone with the machine that trained it, or it never ran), and not
+    SystemExit: the base study does not hold a finished run of `seed` with its checkpoints for
+      each method (they are gone with the machine that trained it, or it never ran), and not
       `from_scratch`.
   """
   manifest = os.path.join(base_study, 'study.json')
@@ -263,7 +284,9 @@ def continue_from_base(seed: str, base_study: str, runs: str, from_scratch: bool
   for method in METHODS:
     names = [c['name'] for c in cells if c['flags'].get('regularizer') == method]
     source = os.path.join(base_study, 'runs', names[0]) if names else ''
-    if names and os.path.exists(os.path.join(source, 'summary.json')):
+    # A finished run put back from the archive (restore_archived) has no checkpoint to go on from.
+    if names and all(os.path.exists(os.path.join(source, f)) for f in ('summary.json',
+                                                                         'checkpoints')):
       sources[method] = names[0]
       continue
     if from_scratch:
@@ -517,37 +540,46 @@ def first_rounds_markdown(longer, base) -> str:
   """Whether a longer variant's runs trained their first rounds as the archived runs did.
 
   A run trained from round 1 again (--from_scratch) runs the code that trained the archived run,
-  from the same seed, so where training is deterministic its test accuracy is the archived one
-  round by round; a continued run holds the archived rounds as copied.
+  from the same seed, so where training is deterministic its metrics are the archived ones round
+  by round: the test accuracy (a count of test images) and the training loss, which any
+  difference in the weights a round starts from would move. A continued run holds the archived
+  rounds as copied.
 
   Args:
-    longer: {(method, seed): (rounds, accuracies, status)} of the longer variant's runs, finished
-      or still training; status is '' or what to say of a run still training.
-    base: {(method, seed): (rounds, accuracies)} of the archived runs of the setting.
+    longer: {(method, seed): (run directory, status)} of the longer variant's runs, finished or
+      still training; status is '' or what to say of a run still training.
+    base: {(method, seed): run directory} of the archived runs of the setting.
 
   Returns:
-    A markdown table: per run, the rounds both hold, in how many of them the two accuracies are
-    equal (as metrics.csv records them) and the largest difference in points.
+    A markdown table: per run, the rounds both metrics.csv files hold, in how many of them the two
+    test accuracies and the two training losses are equal (as metrics.csv records them), and the
+    largest test-accuracy difference in points.
   """
+  from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
   rows = []
-  for (method, seed), (x, y, status) in sorted(longer.items(), key=lambda kv: (int(kv[0][1]),
-                                                                               kv[0][0] != 'none')):
+  for (method, seed), (path, status) in sorted(
+      longer.items(), key=lambda kv: (int(kv[0][1]), METHODS.index(kv[0][0]))):
     if (method, seed) not in base:
       continue
-    bx, by = base[method, seed]
-    common, i, j = np.intersect1d(x, bx, return_indices=True)
+    cells = []
+    for column in ('test_accuracy', 'train_loss'):
+      (x, y), (bx, by) = (aggregate.read_curve(p, column) for p in (path, base[method, seed]))
+      common, i, j = np.intersect1d(x, bx, return_indices=True)
+      d = np.abs(y[i] - by[j])
+      cells.append((common, d))
+    (common, d), (loss_rounds, loss_d) = cells
     if not common.size:
       continue
-    d = np.abs(y[i] - by[j])
     rows.append(f'| {seed} | {LABELS[method]}{status} | {int(common[0])}-{int(common[-1])} | '
-                f'{int(np.sum(d == 0))} of {common.size} | {100 * float(d.max()):.2f} |')
+                f'{int(np.sum(d == 0))} of {common.size} | {100 * float(d.max()):.2f} | '
+                f'{int(np.sum(loss_d == 0))} of {loss_rounds.size} |')
   if not rows:
     return 'No run of this variant has rounds to compare with the archive yet.\n'
   return '\n'.join([
-      'Each run\'s test accuracy in the rounds it shares with the archived run of the same seed '
-      'and method (the runs of the setting, above):', '',
-      '| seed | run | rounds | the same accuracy | largest difference (points) |',
-      '|---|---|---|---|---|', *rows, '',
+      'Each run against the archived run of the same seed and method (the runs of the setting, '
+      'above), in the rounds both hold:', '',
+      '| seed | run | rounds | the same test accuracy | largest difference (points) | '
+      'the same training loss |', '|---' * 6 + '|', *rows, '',
       'Written by `python -m bench.accuracy.reproduction --figures` from the committed archives; '
       '"the same" is equal as metrics.csv records it.']) + '\n'
 
@@ -609,17 +641,17 @@ def archived_first_rounds(runs) -> str:
   from tff_decorr.studies import aggregate  # pylint: disable=g-import-not-at-top
   from tff_decorr.studies import study  # pylint: disable=g-import-not-at-top
   base_dir = os.path.join(_ROOT, 'bench', 'results', 'reproduction', base_variant())
-  base = {(r.flags.get('regularizer'), str(r.flags.get('seed'))): aggregate.read_curve(r.path)
+  base = {(r.flags.get('regularizer'), str(r.flags.get('seed'))): r.path
           for r in aggregate.load_runs(base_dir, study.read_manifest(base_dir)) if r.done}
-  longer = {(r.flags.get('regularizer'), str(r.flags.get('seed'))):
-            (*aggregate.read_curve(r.path), '') for r in runs}
+  longer = {(r.flags.get('regularizer'), str(r.flags.get('seed'))): (r.path, '') for r in runs}
   in_progress = os.path.join(archive_dir(), 'in_progress')
   for name in sorted(os.listdir(in_progress)) if os.path.isdir(in_progress) else []:
-    with open(os.path.join(in_progress, name, 'config.json')) as f:
+    path = os.path.join(in_progress, name)
+    with open(os.path.join(path, 'config.json')) as f:
       config = json.load(f)
-    x, y = aggregate.read_curve(os.path.join(in_progress, name))
+    x, _ = aggregate.read_curve(path)
     longer[config['regularizer'], str(config['seed'])] = (
-        x, y, f' (training: {len(x)}/{config["rounds"]} rounds)')
+        path, f' (training: {len(x)}/{config["rounds"]} rounds)')
   return first_rounds_markdown(longer, base)
 
 
