@@ -59,7 +59,7 @@ class ReproductionDocsTest(absltest.TestCase):
     with flagsaver.flagsaver(rounds=50):
       archive = reproduction.archive_dir()
       runs = []
-      if os.path.exists(os.path.join(archive, 'study.json')):  # Before any run finished: none.
+      if (study.read_json(os.path.join(archive, 'study.json')) or {}).get('cells'):
         runs = [r for r in aggregate.load_runs(archive, study.read_manifest(archive)) if r.done]
       variant = reproduction.variant()
       self.assertEqual(_block('docs/reproduction.md', f'reproduction-windows-{variant}'),

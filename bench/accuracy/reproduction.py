@@ -664,7 +664,7 @@ def _figures() -> None:
   os.chdir(_ROOT)  # The page names the archive by its path in the repository.
   os.makedirs(docs, exist_ok=True)
   written, runs = {}, []
-  if os.path.exists(os.path.join(archive_dir(), 'study.json')):
+  if (study.read_json(os.path.join(archive_dir(), 'study.json')) or {}).get('cells'):
     written = report.build(os.path.relpath(archive_dir(), _ROOT), os.path.join(docs, 'report'),
                            spectra=True, thresholds=(0.2, 0.25, 0.3), log=lambda s: None)
     for kind in [k for k in written if k.endswith(('_svg', '_pdf'))]:
