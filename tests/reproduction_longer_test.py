@@ -9,8 +9,10 @@ import json
 import os
 import shutil
 
+from absl import app
 from absl import flags
 from absl.testing import absltest
+from absl.testing import flagsaver
 import numpy as np
 from scipy import stats
 
@@ -113,6 +115,18 @@ class FirstRoundsTest(absltest.TestCase):
 
   def test_nothing_to_compare(self):
     self.assertIn('No run', reproduction.first_rounds_markdown({}, {}))
+
+
+class FromScratchFlagTest(absltest.TestCase):
+
+  def test_refused_without_a_longer_variant(self):
+    for rounds in ('30', '20'):
+      with flagsaver.flagsaver():
+        flags.FLAGS.unparse_flags()
+        flags.FLAGS(['reproduction', '--from_scratch', f'--rounds={rounds}'])
+        with self.assertRaisesRegex(app.UsageError, f'--from_scratch .*--rounds={rounds}.*'
+                                    '--rounds=50'):
+          reproduction.main([])
 
 
 class ContinueFromBaseTest(absltest.TestCase):

@@ -742,6 +742,11 @@ def main(argv):
   del argv
   if not set(_SIDES.value) <= {'project', 'reference'}:
     raise app.UsageError(f'--sides from project, reference; got {_SIDES.value}.')
+  if _FROM_SCRATCH.value and _ROUNDS.value <= settings.REPRODUCTION['rounds']:
+    raise app.UsageError(f'--from_scratch trains a longer variant from round 1; it needs --rounds '
+                         f'above the setting\'s {settings.REPRODUCTION["rounds"]} (got '
+                         f'--rounds={_ROUNDS.value}). Leave --from_scratch out, or add '
+                         f'--rounds=50.')
   if _FIGURES.value:
     _figures()
     return
