@@ -644,15 +644,21 @@ def archived_first_rounds(runs) -> str:
   base = {(r.flags.get('regularizer'), str(r.flags.get('seed'))): r.path
           for r in aggregate.load_runs(base_dir, study.read_manifest(base_dir)) if r.done}
   longer = {(r.flags.get('regularizer'), str(r.flags.get('seed'))): (r.path, '') for r in runs}
-  in_progress = os.path.join(archive_dir(), 'in_progress')
-  for name in sorted(os.listdir(in_progress)) if os.path.isdir(in_progress) else []:
-    path = os.path.join(in_progress, name)
-    with open(os.path.join(path, 'config.json')) as f:
-      config = json.load(f)
+  for path, config in _in_progress_runs():
     x, _ = aggregate.read_curve(path)
     longer[config['regularizer'], str(config['seed'])] = (
         path, f' (training: {len(x)}/{config["rounds"]} rounds)')
   return first_rounds_markdown(longer, base)
+
+
+def _in_progress_runs():
+  """(run folder, its config.json) of each run still training that --snapshot left in
+  in_progress/."""
+  in_progress = os.path.join(archive_dir(), 'in_progress')
+  for name in sorted(os.listdir(in_progress)) if os.path.isdir(in_progress) else []:
+    path = os.path.join(in_progress, name)
+    with open(os.path.join(path, 'config.json')) as f:
+      yield path, json.load(f)
 
 
 def _figures() -> None:
@@ -695,11 +701,8 @@ def _figures() -> None:
       x, y = aggregate.read_curve(by_method[method][seed].path)
       panel.append({'label': f'{LABELS[method]}, project seed {seed} (its pair not finished)',
                     'color': f'C{k}', 'x': x, 'y': y, 'linestyle': ':'})
-  in_progress = os.path.join(archive_dir(), 'in_progress')
-  for name in sorted(os.listdir(in_progress)) if os.path.isdir(in_progress) else []:
-    with open(os.path.join(in_progress, name, 'config.json')) as f:
-      config = json.load(f)
-    x, y = aggregate.read_curve(os.path.join(in_progress, name))
+  for path, config in _in_progress_runs():
+    x, y = aggregate.read_curve(path)
     k = METHODS.index(config['regularizer'])
     panel.append({'label': f'{LABELS[config["regularizer"]]}, project seed {config["seed"]} '
                            f'(training: {len(x)}/{config["rounds"]} rounds)', 'color': f'C{k}',
